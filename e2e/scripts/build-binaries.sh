@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Builds the local control plane's binaries from their Go modules, pinned by e2e/versions.env,
+# into $KVQ_CACHE/bin/<component>-<version>/ (default ~/.cache/kvq). A component whose
+# binaries are already there is not rebuilt. Usage: build-binaries.sh [component ...]
+# (components: kubernetes etcd kwok helm; default all). Prints nothing but progress to stderr.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../versions.env
+source "$here/versions.env"
+cache=${KVQ_CACHE:-$HOME/.cache/kvq}
+bin_root="$cache/bin"
+work_root="$cache/build"
+# A module that asks for a newer Go gets this approved toolchain from the module proxy.
+export GOTOOLCHAIN=${GOTOOLCHAIN:-go1.27.3}
+export GOCACHE="$cache/go-build"
+export GOMODCACHE="$cache/go-mod"
+export GOFLAGS="-trimpath -mod=mod -buildvcs=false"
+export CGO_ENABLED=0
+# Two cores: one package build at a time per go command keeps memory and time predictable.
+export GOMAXPROCS=${GOMAXPROCS:-2}
+build_date=2026-01-01T00:00:00Z
+
+log() { echo "[build-binaries] $*" >&2; }
+
+# wrapper_module DIR: a throwaway module that only requires what we build.
+wrapper_module() {
+  rm -rf "$1"
+  mkdir -p "$1"
+  (cd "$1" && go mod init kvq.local/build >/dev/null 2>&1)
+}
+
+# install_into DEST_DIR BIN...: move freshly built binaries into place atomically.
+install_into() {
+  local dest=$1 tmp=$1.tmp
+  shift
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  for b in "$@"; do mv "$b" "$tmp/"; done
+  rm -rf "$dest"
+  mv "$tmp" "$dest"
+}
+
+have_all() {
+  local dir=$1
+  shift
+  for b in "$@"; do [ -x "$dir/$b" ] || return 1; done
+}
+
+build_kubernetes() {
+  local v=$KUBERNETES_VERSION dest="$bin_root/kubernetes-$KUBERNETES_VERSION"
+  local bins=(kube-apiserver kube-controller-manager kube-scheduler)
+  if have_all "$dest" "${bins[@]}"; then log "kubernetes $v cached"; return; fi
+  local w="$work_root/kubernetes-$v" staging=v0.${v#v1.}
+  wrapper_module "$w"
+  cd "$w"
+  go mod download -json "k8s.io/kubernetes@$v" >kube.json
+  local gomod
+  gomod=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["GoMod"])' kube.json)
+  # k8s.io/kubernetes replaces every staging module with ./staging/...; outside its tree
+  # each one must point at the published module of the same release.
+  grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" \
+    | awk '{print $1}' | sort -u >staging.txt
+  while read -r m; do go mod edit -replace "$m=$m@$staging"; done <staging.txt
+  go mod edit -require "k8s.io/kubernetes@$v"
+  local major minor
+  major=$(echo "$v" | cut -d. -f1 | tr -d v)
+  minor=$(echo "$v" | cut -d. -f2)
+  local ld="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+  done
+  for b in "${bins[@]}"; do
+    log "building $b $v"
+    go build -ldflags "$ld" -o "$w/$b" "k8s.io/kubernetes/cmd/$b"
+  done
+  install_into "$dest" "${bins[@]/#/$w/}"
+}
+
+build_etcd() {
+  local v=$ETCD_VERSION dest="$bin_root/etcd-$ETCD_VERSION"
+  if have_all "$dest" etcd; then log "etcd $v cached"; return; fi
+  local w="$work_root/etcd-$v"
+  wrapper_module "$w"
+  cd "$w"
+  go mod edit -require "go.etcd.io/etcd/server/v3@$v"
+  log "building etcd $v"
+  go build -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=release-$v" \
+    -o "$w/etcd" go.etcd.io/etcd/server/v3
+  install_into "$dest" "$w/etcd"
+}
+
+build_kwok() {
+  local v=$KWOK_VERSION dest="$bin_root/kwok-$KWOK_VERSION"
+  if have_all "$dest" kwok; then log "kwok $v cached"; return; fi
+  local w="$work_root/kwok-$v"
+  wrapper_module "$w"
+  cd "$w"
+  go mod edit -require "sigs.k8s.io/kwok@$v"
+  log "building kwok $v"
+  go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$v" \
+    -o "$w/kwok" sigs.k8s.io/kwok/cmd/kwok
+  install_into "$dest" "$w/kwok"
+}
+
+build_helm() {
+  local v=$HELM_VERSION dest="$bin_root/helm-$HELM_VERSION"
+  if have_all "$dest" helm; then log "helm $v cached"; return; fi
+  local w="$work_root/helm-$v"
+  wrapper_module "$w"
+  cd "$w"
+  go mod edit -require "helm.sh/helm/v3@$v"
+  log "building helm $v"
+  go build -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v \
+    -X helm.sh/helm/v3/internal/version.gitTreeState=clean" -o "$w/helm" helm.sh/helm/v3/cmd/helm
+  install_into "$dest" "$w/helm"
+}
+
+components=("$@")
+[ ${#components[@]} -gt 0 ] || components=(etcd kwok kubernetes helm)
+mkdir -p "$bin_root" "$work_root"
+for c in "${components[@]}"; do
+  start=$(date +%s)
+  "build_$c"
+  log "$c done in $(($(date +%s) - start)) s"
+done
