@@ -8,8 +8,11 @@ cache=${KVQ_CACHE:-$HOME/.cache/kvq}
 py=${PYTHON:-python3}
 key=$( (cat "$here/pyproject.toml"; echo "$here"; "$py" --version) | sha256sum | cut -c1-12)
 venv="$cache/venv-$key"
+mkdir -p "$cache"
+# One builder at a time: parallel make targets (and people) share the cache.
+exec 9>"$cache/.venv.lock"
+flock 9
 if [ ! -x "$venv/bin/kvq" ] || [ ! -f "$venv/.complete" ]; then
-  mkdir -p "$cache"
   rm -rf "$venv"
   "$py" -m venv "$venv" >&2
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "uv>=0.5" >&2
