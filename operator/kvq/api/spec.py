@@ -1,0 +1,422 @@
+"""`spec` of an InferenceService: what the application team asks for."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kvq.api.base import KubeModel
+from kvq.api.rules import FieldRule, Rule, UniqueItems
+
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"]
+FallbackRung = Literal["auto", "awq"]
+AttentionKind = Literal["gqa", "mla"]
+PoolPreference = Literal["cheapest", "headroom"]
+
+KV_CACHE_DTYPES: tuple[KvCacheDtype, ...] = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+BLOCK_SIZES = (8, 16, 32, 64, 128, 256)
+# Flags kvq renders from spec fields; setting them again in extraArgs would
+# silently fight the operator, so the CRD refuses them.
+MANAGED_FLAGS = (
+    "--model",
+    "--kv-cache-dtype",
+    "--block-size",
+    "--gpu-memory-utilization",
+    "--swap-space",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--tensor-parallel-size",
+    "--quantization",
+    "--calculate-kv-scales",
+    "--served-model-name",
+    "--port",
+    "--host",
+    "--revision",
+)
+SECRET_ENV_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+_URI_RE = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?|s3://[a-z0-9][a-z0-9.-]*[a-z0-9](/[^/]+)*/?)$"
+_URI_MESSAGE = "must be hf://<org>/<name>, pvc://<claim>[/<path>] or s3://<bucket>[/<path>]"
+_VERSION_RE = r"^v?[0-9]+[.][0-9]+([.][0-9]+)?$"
+
+
+def _uri_ok(value: str) -> bool:
+    return re.fullmatch(_URI_RE, value) is not None
+
+
+ModelUri = Annotated[
+    str,
+    Field(max_length=512),
+    FieldRule(cel=f"self.matches('{_URI_RE}')", message=_URI_MESSAGE, check=_uri_ok),
+]
+
+
+class SecretKeyRef(KubeModel):
+    """A key of a Secret in the InferenceService's namespace. kvq passes it by reference only."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    """Name of the Secret."""
+    key: Annotated[str, Field(min_length=1, max_length=253)]
+    """Key within the Secret whose value is the token."""
+
+
+class AwqSpec(KubeModel):
+    """The AWQ-quantized variant of the model, used by the `awq` fallback rung."""
+
+    uri: ModelUri
+    """Where the AWQ weights live (same schemes as spec.model.uri)."""
+
+
+class ArchitectureSpec(KubeModel):
+    """Architecture facts for capacity planning when kvq cannot look the model up.
+
+    Copy them from the model's config.json (num_hidden_layers, num_key_value_heads, ...).
+    """
+
+    kube_rules = (
+        Rule(
+            cel="self.attention != 'mla' || (has(self.kvLoraRank) && has(self.ropeHeadDim))",
+            message="attention mla needs kvLoraRank and ropeHeadDim (its KV cache holds the "
+            "compressed latent, not per-head keys and values)",
+            check=lambda a: (
+                a.attention != "mla" or (a.kv_lora_rank is not None and a.rope_head_dim is not None)
+            ),
+        ),
+        Rule(
+            cel="self.attention != 'gqa' || (has(self.numKvHeads) && has(self.headDim))",
+            message="attention gqa needs numKvHeads and headDim",
+            check=lambda a: (
+                a.attention != "gqa" or (a.num_kv_heads is not None and a.head_dim is not None)
+            ),
+        ),
+        Rule(
+            cel="!has(self.numKvHeads) || !has(self.numAttentionHeads) || "
+            "self.numAttentionHeads % self.numKvHeads == 0",
+            message="numAttentionHeads must be a multiple of numKvHeads",
+            check=lambda a: (
+                a.num_kv_heads is None
+                or a.num_attention_heads is None
+                or a.num_attention_heads % a.num_kv_heads == 0
+            ),
+            field_path=".numKvHeads",
+        ),
+    )
+
+    num_layers: Annotated[int, Field(ge=1, le=1024)]
+    """Number of transformer layers (config.json num_hidden_layers)."""
+    attention: AttentionKind = "gqa"
+    """gqa (multi-head or grouped-query attention) or mla (DeepSeek-style latent attention)."""
+    num_attention_heads: Annotated[int | None, Field(ge=1, le=1024)] = None
+    """Query heads (config.json num_attention_heads)."""
+    num_kv_heads: Annotated[int | None, Field(ge=1, le=1024)] = None
+    """Key/value heads (config.json num_key_value_heads); equals the query heads without GQA."""
+    head_dim: Annotated[int | None, Field(ge=1, le=4096)] = None
+    """Dimension of one attention head."""
+    hidden_size: Annotated[int | None, Field(ge=1)] = None
+    """Model width (config.json hidden_size)."""
+    intermediate_size: Annotated[int | None, Field(ge=1)] = None
+    """MLP width (config.json intermediate_size)."""
+    vocab_size: Annotated[int | None, Field(ge=1)] = None
+    """Vocabulary size (config.json vocab_size)."""
+    num_params: Annotated[int | None, Field(ge=1)] = None
+    """Total parameter count; overrides the estimate from the shape."""
+    kv_lora_rank: Annotated[int | None, Field(ge=1)] = None
+    """MLA only: rank of the compressed KV latent (config.json kv_lora_rank)."""
+    rope_head_dim: Annotated[int | None, Field(ge=1)] = None
+    """MLA only: decoupled RoPE key dimension (config.json qk_rope_head_dim)."""
+
+
+class ModelSpec(KubeModel):
+    """Which model to serve."""
+
+    kube_rules = (
+        Rule(
+            cel="!has(self.revision) || self.uri.startsWith('hf://')",
+            message="revision applies only to hf:// models",
+            check=lambda m: m.revision is None or m.uri.startswith("hf://"),
+            field_path=".revision",
+        ),
+    )
+
+    uri: ModelUri
+    """hf://<org>/<name> (Hugging Face), pvc://<claim>[/<path>] or s3://<bucket>[/<path>]."""
+    revision: Annotated[str | None, Field(min_length=1, max_length=128)] = None
+    """Hugging Face revision (branch, tag or commit) to pin."""
+    architecture: ArchitectureSpec | None = None
+    """Architecture facts; needed when the model is not in kvq's catalog."""
+    awq: AwqSpec | None = None
+    """AWQ-weight variant of the same model for the awq fallback rung."""
+    token_secret_ref: SecretKeyRef | None = None
+    """Secret key holding a Hugging Face token; passed to the engine as HF_TOKEN by reference."""
+
+
+class EnvVar(KubeModel):
+    """An environment variable for the engine container (plain values only)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    """Variable name."""
+    value: Annotated[str, Field(max_length=4096)] = ""
+    """Variable value. Never put secrets here: use spec.model.tokenSecretRef."""
+
+
+def _no_managed_flags(args: list[str]) -> bool:
+    return not any(a.split("=", 1)[0] in MANAGED_FLAGS for a in args)
+
+
+def _no_secret_env(env: list[EnvVar]) -> bool:
+    return not any(e.name in SECRET_ENV_NAMES for e in env)
+
+
+_MANAGED_CEL = "[" + ", ".join(f"'{f}'" for f in MANAGED_FLAGS) + "]"
+_SECRET_ENV_CEL = "[" + ", ".join(f"'{n}'" for n in SECRET_ENV_NAMES) + "]"
+
+
+class EngineSpec(KubeModel):
+    """The vLLM engine: image, version and extra arguments."""
+
+    kube_rules = (
+        Rule(
+            cel="!has(self.version) || self.version.matches('" + _VERSION_RE + "')",
+            message="version must look like 0.26.0 or v0.26",
+            check=lambda e: e.version is None or re.fullmatch(_VERSION_RE, e.version) is not None,
+            field_path=".version",
+        ),
+    )
+
+    image: Annotated[str | None, Field(min_length=1, max_length=512)] = None
+    """Engine image; defaults to the pinned vllm/vllm-openai tag of this kvq release."""
+    version: Annotated[str | None, Field(min_length=1, max_length=32)] = None
+    """vLLM version of the image (e.g. 0.26.0); derived from the image tag when omitted."""
+    extra_args: Annotated[
+        list[Annotated[str, Field(max_length=1024)]],
+        Field(max_length=64),
+        FieldRule(
+            cel=f"self.all(a, !({_MANAGED_CEL}.exists(f, a == f || a.startsWith(f + '='))))",
+            message="extraArgs must not set flags kvq manages (--kv-cache-dtype, --block-size, "
+            "--gpu-memory-utilization, --swap-space, --max-model-len, ...): use the spec fields",
+            check=_no_managed_flags,
+        ),
+    ] = Field(default_factory=list)
+    """Extra `vllm serve` arguments, appended after the ones kvq renders."""
+    env: Annotated[
+        list[EnvVar],
+        Field(max_length=64),
+        FieldRule(
+            cel=f"self.all(e, !({_SECRET_ENV_CEL}.exists(n, e.name == n)))",
+            message="env must not carry HF_TOKEN: reference a Secret with "
+            "spec.model.tokenSecretRef",
+            check=_no_secret_env,
+        ),
+    ] = Field(default_factory=list)
+    """Extra environment variables for the engine container."""
+
+
+class KvCacheSpec(KubeModel):
+    """How vLLM stores the KV cache."""
+
+    kube_rules = (
+        Rule(
+            cel="!self.calculateScales || self.dtype.startsWith('fp8')",
+            message="calculateScales applies only to fp8 dtypes",
+            check=lambda k: not k.calculate_scales or k.dtype.startswith("fp8"),
+            field_path=".calculateScales",
+        ),
+    )
+
+    dtype: KvCacheDtype = "auto"
+    """auto (model dtype, no compression), fp8 / fp8_e4m3 / fp8_e5m2 (half the KV memory on
+    Ada, Hopper and later) or int8 (int8_per_token_head on vLLM 0.22+)."""
+    block_size: Annotated[
+        int | None,
+        FieldRule(
+            cel="self in [8, 16, 32, 64, 128, 256]",
+            message="blockSize must be one of 8, 16, 32, 64, 128, 256 (tokens per "
+            "PagedAttention block)",
+            check=lambda v: v in BLOCK_SIZES,
+        ),
+    ] = None
+    """Tokens per PagedAttention block; the engine's default (16) when omitted."""
+    calculate_scales: bool = False
+    """Compute fp8 KV scales from the first batches (engines that still have the flag)."""
+
+
+class MemorySpec(KubeModel):
+    """GPU memory budget and context length."""
+
+    gpu_memory_utilization: Annotated[
+        float,
+        FieldRule(
+            cel="self > 0.0 && self <= 1.0",
+            message="gpuMemoryUtilization is the fraction of each GPU's memory vLLM may use: "
+            "it must be greater than 0 and at most 1",
+            check=lambda v: 0.0 < v <= 1.0,
+        ),
+    ] = 0.90
+    """Fraction of each GPU's memory vLLM may use (0.90-0.95 dedicated, 0.6-0.8 shared)."""
+    swap_space_gib: Annotated[
+        float,
+        Field(alias="swapSpaceGiB"),
+        FieldRule(
+            cel="self >= 0.0 && self <= 1024.0",
+            message="swapSpaceGiB must be between 0 and 1024 (GiB of CPU memory per GPU)",
+            check=lambda v: 0.0 <= v <= 1024.0,
+        ),
+    ] = 4
+    """CPU swap space for KV overflow, GiB per GPU. Engines from vLLM 0.18 have no swap; kvq
+    then drops the flag and says so in status. Latency-sensitive services should use 0."""
+    max_model_len: Annotated[
+        int | None,
+        FieldRule(
+            cel="self >= 16 && self <= 10485760",
+            message="maxModelLen must be between 16 and 10485760 tokens",
+            check=lambda v: 16 <= v <= 10_485_760,
+        ),
+    ] = None
+    """Context length per request; the model's own maximum when omitted."""
+    max_num_seqs: Annotated[
+        int | None,
+        FieldRule(
+            cel="self >= 1 && self <= 65536",
+            message="maxNumSeqs must be between 1 and 65536",
+            check=lambda v: 1 <= v <= 65_536,
+        ),
+    ] = None
+    """Most sequences the engine batches at once."""
+
+
+class CapacitySpec(KubeModel):
+    """What the service must hold; placement and fallback keep it."""
+
+    min_concurrent_sequences: Annotated[
+        int | None,
+        FieldRule(
+            cel="self >= 1",
+            message="minConcurrentSequences must be at least 1",
+            check=lambda v: v >= 1,
+        ),
+    ] = None
+    """Concurrent sequences of spec.memory.maxModelLen tokens each replica must fit in KV."""
+
+
+class Toleration(KubeModel):
+    """A Kubernetes toleration added to the engine pods."""
+
+    key: Annotated[str | None, Field(max_length=317)] = None
+    """Taint key to tolerate; empty with operator Exists tolerates everything."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists or Equal."""
+    value: Annotated[str | None, Field(max_length=63)] = None
+    """Taint value for operator Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; all effects when omitted."""
+    toleration_seconds: int | None = None
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class PlacementSpec(KubeModel):
+    """Where replicas may run."""
+
+    gpus_per_replica: Annotated[
+        int,
+        FieldRule(
+            cel="self >= 1 && self <= 8",
+            message="gpusPerReplica (tensor parallel size) must be between 1 and 8: one node",
+            check=lambda v: 1 <= v <= 8,
+        ),
+    ] = 1
+    """GPUs per replica; vLLM shards the model over them (tensor parallel)."""
+    pools: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=63)]],
+        Field(max_length=32, json_schema_extra={"x-kubernetes-list-type": "set"}),
+        UniqueItems(),
+    ] = Field(default_factory=list)
+    """Allow-list of node pool names; every discovered pool when empty."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Extra node labels every replica's node must carry."""
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(default_factory=list)
+    """Extra tolerations; kvq already tolerates the pool's GPU taint."""
+    prefer: PoolPreference = "cheapest"
+    """Among fitting pools: cheapest (lowest GPU cost) or headroom (most KV capacity)."""
+
+
+class FallbackSpec(KubeModel):
+    """What kvq may do when the requested KV-cache dtype cannot run."""
+
+    enabled: bool = True
+    """Fall back at all; when false, kvq reports the failure and changes nothing."""
+    rungs: Annotated[
+        list[FallbackRung],
+        Field(
+            min_length=1,
+            max_length=2,
+            json_schema_extra={"x-kubernetes-list-type": "set", "default": ["auto"]},
+        ),
+        UniqueItems(),
+    ] = Field(default_factory=lambda: list[FallbackRung](["auto"]))
+    """Ordered rungs: auto (same model, uncompressed KV) and awq (spec.model.awq with auto KV).
+    Each is tried at most once per spec generation."""
+
+
+class InferenceServiceSpec(KubeModel):
+    """What to serve and how: model, engine, KV-cache dtype, memory, capacity, placement."""
+
+    kube_rules = (
+        Rule(
+            cel="!has(self.fallback) || !self.fallback.rungs.exists(r, r == 'awq') "
+            "|| has(self.model.awq)",
+            message="the awq fallback rung needs spec.model.awq.uri",
+            check=lambda s: "awq" not in s.fallback.rungs or s.model.awq is not None,
+            field_path=".fallback.rungs",
+        ),
+        Rule(
+            cel="!has(self.capacity) || !has(self.capacity.minConcurrentSequences) "
+            "|| (has(self.memory) && has(self.memory.maxModelLen))",
+            message="capacity.minConcurrentSequences needs memory.maxModelLen: concurrency "
+            "is counted at that context length",
+            check=lambda s: (
+                s.capacity.min_concurrent_sequences is None or s.memory.max_model_len is not None
+            ),
+            field_path=".capacity.minConcurrentSequences",
+        ),
+        Rule(
+            cel="!has(self.capacity) || !has(self.capacity.minConcurrentSequences) "
+            "|| !has(self.memory) || !has(self.memory.maxNumSeqs) "
+            "|| self.memory.maxNumSeqs >= self.capacity.minConcurrentSequences",
+            message="memory.maxNumSeqs is below capacity.minConcurrentSequences: the engine "
+            "could never run that many sequences at once",
+            check=lambda s: (
+                s.capacity.min_concurrent_sequences is None
+                or s.memory.max_num_seqs is None
+                or s.memory.max_num_seqs >= s.capacity.min_concurrent_sequences
+            ),
+            field_path=".memory.maxNumSeqs",
+        ),
+    )
+
+    model: ModelSpec
+    """The model to serve."""
+    engine: EngineSpec = Field(default_factory=EngineSpec, json_schema_extra={"default": {}})
+    """The vLLM engine image, version and extra arguments."""
+    kv_cache: KvCacheSpec = Field(default_factory=KvCacheSpec, json_schema_extra={"default": {}})
+    """KV-cache dtype and block size."""
+    memory: MemorySpec = Field(default_factory=MemorySpec, json_schema_extra={"default": {}})
+    """GPU memory utilization, swap space and context length."""
+    capacity: CapacitySpec = Field(default_factory=CapacitySpec, json_schema_extra={"default": {}})
+    """What each replica must hold."""
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec, json_schema_extra={"default": {}}
+    )
+    """GPUs per replica and where replicas may run."""
+    fallback: FallbackSpec = Field(default_factory=FallbackSpec, json_schema_extra={"default": {}})
+    """The fallback ladder when the requested dtype cannot run."""
+    replicas: Annotated[
+        int,
+        FieldRule(
+            cel="self >= 0 && self <= 1000",
+            message="replicas must be between 0 and 1000",
+            check=lambda v: 0 <= v <= 1000,
+        ),
+    ] = 1
+    """Engine replicas (each with gpusPerReplica GPUs)."""

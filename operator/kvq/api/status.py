@@ -1,0 +1,163 @@
+"""`status` of an InferenceService: what kvq decided and observed. Written only by kvq."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kvq.api.base import KubeModel
+
+ConditionType = Literal["Ready", "Placed", "FallbackActive", "Degraded", "CapacityMismatch"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(KubeModel):
+    """A kstatus-style condition (`kubectl wait --for=condition=Ready kis/NAME` reads these)."""
+
+    type: Annotated[str, Field(min_length=1, max_length=64)]
+    """Ready, Placed, FallbackActive, Degraded or CapacityMismatch."""
+    status: ConditionStatus
+    """True, False or Unknown."""
+    reason: Annotated[str, Field(max_length=128)] = ""
+    """One CamelCase word for programs."""
+    message: Annotated[str, Field(max_length=4096)] = ""
+    """One or two sentences for people."""
+    last_transition_time: str | None = None
+    """When status last changed (RFC 3339)."""
+    observed_generation: int | None = None
+    """The spec generation this condition describes."""
+
+
+class IgnoredSetting(KubeModel):
+    """A spec field the chosen engine version cannot honour, and why."""
+
+    field: str
+    """The spec field, e.g. spec.memory.swapSpaceGiB."""
+    reason: str
+    """Why it was not rendered."""
+
+
+class EffectiveStatus(KubeModel):
+    """What is actually rendered, after placement and fallback."""
+
+    kv_cache_dtype: str | None = None
+    """The KV-cache dtype the engine runs with (vLLM's value, e.g. int8_per_token_head)."""
+    model_uri: str | None = None
+    """The model actually served (the AWQ variant on the awq rung)."""
+    quantization: str | None = None
+    """Weight quantization passed to vLLM (awq_marlin or awq), if any."""
+    engine_version: str | None = None
+    """vLLM version the arguments were rendered for."""
+    image: str | None = None
+    """Engine image."""
+    engine_args: list[str] = Field(default_factory=list)
+    """The exact `vllm serve` arguments rendered."""
+    args_hash: str | None = None
+    """Hash of the rendered pod spec; changes roll the Deployment."""
+    ignored: list[IgnoredSetting] = Field(default_factory=list)
+    """Spec settings the engine version cannot honour (e.g. swap space on vLLM 0.18+)."""
+
+
+class PlacementStatus(KubeModel):
+    """The node pool chosen for the replicas."""
+
+    pool: str | None = None
+    """Node pool name."""
+    gpu_product: str | None = None
+    """GPU product of the pool (catalog name)."""
+    compute_capability: str | None = None
+    """CUDA compute capability, e.g. 9.0."""
+    gpu_memory_mi_b: int | None = Field(default=None, alias="gpuMemoryMiB")
+    """Memory of one GPU in MiB, as the driver reports it."""
+
+
+class CapacityStatus(KubeModel):
+    """What each replica holds, computed before anything is scheduled."""
+
+    kv_bytes_per_token: int | None = None
+    """KV-cache bytes per token for the whole model at the effective dtype."""
+    kv_tokens: int | None = None
+    """Tokens that fit in the KV cache of one replica."""
+    max_concurrent_sequences: float | None = None
+    """Sequences of maxModelLen tokens that fit at once."""
+    ratio_vs_auto: float | None = None
+    """KV tokens relative to the uncompressed (auto) cache on the same GPUs."""
+    max_model_len: int | None = None
+    """Context length the concurrency is counted at."""
+
+
+class FallbackAttempt(KubeModel):
+    """One move down the fallback ladder."""
+
+    from_: str = Field(alias="from")
+    """What ran before (the requested dtype, or a rung)."""
+    to: str
+    """The rung moved to: auto or awq; none when the ladder was exhausted."""
+    reason: str
+    """Why, in one sentence."""
+    evidence: Annotated[str, Field(max_length=2048)] = ""
+    """Excerpt of the engine's error that triggered the move."""
+    time: str
+    """When (RFC 3339)."""
+    generation: int
+    """Spec generation the attempt belongs to; a new generation starts the ladder afresh."""
+    static: bool = False
+    """True when decided before deploying (no pool or engine can run the dtype)."""
+
+
+class FallbackStatus(KubeModel):
+    """The fallback ladder's history for this InferenceService."""
+
+    active_rung: str | None = None
+    """The rung in force (auto or awq), absent when the requested dtype runs."""
+    attempts: Annotated[list[FallbackAttempt], Field(max_length=64)] = Field(default_factory=list)
+    """Every attempt, oldest first."""
+
+
+class MetricsStatus(KubeModel):
+    """Engine metrics read from Prometheus."""
+
+    kv_cache_usage: float | None = None
+    """Fraction of the KV cache in use (vllm:kv_cache_usage_perc)."""
+    requests_running: float | None = None
+    """Requests being decoded (vllm:num_requests_running)."""
+    requests_waiting: float | None = None
+    """Requests queued (vllm:num_requests_waiting)."""
+    engine_kv_cache_dtype: str | None = None
+    """cache_dtype reported by the engine (vllm:cache_config_info)."""
+    engine_kv_tokens: int | None = None
+    """KV capacity in tokens reported by the engine."""
+    observed_at: str | None = None
+    """When the metrics were read (RFC 3339)."""
+
+
+class InferenceServiceStatus(KubeModel):
+    """Observed state, decisions and their reasons."""
+
+    observed_generation: int | None = None
+    """The spec generation last reconciled."""
+    conditions: Annotated[
+        list[Condition],
+        Field(
+            json_schema_extra={
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+        ),
+    ] = Field(default_factory=list)
+    """Ready, Placed, FallbackActive, Degraded, CapacityMismatch."""
+    effective: EffectiveStatus | None = None
+    """What is actually rendered."""
+    placement: PlacementStatus | None = None
+    """The chosen node pool."""
+    capacity: CapacityStatus | None = None
+    """Planned KV capacity per replica."""
+    fallback: FallbackStatus | None = None
+    """Fallback history."""
+    metrics: MetricsStatus | None = None
+    """Latest engine metrics."""
+    replicas: int | None = None
+    """Engine pods that exist."""
+    ready_replicas: int | None = None
+    """Engine pods that are ready."""
