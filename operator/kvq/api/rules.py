@@ -75,9 +75,11 @@ class UniqueItems:
     ) -> CoreSchema:
         def validate(items: list[Any]) -> list[Any]:
             seen: set[Any] = set()
-            for item in items:
+            for index, item in enumerate(items):
                 if item in seen:
-                    raise PydanticCustomError(DUPLICATE_ERROR, f'Duplicate value: "{item}"')
+                    raise PydanticCustomError(
+                        DUPLICATE_ERROR, f'Duplicate value: "{item}"', {"index": index}
+                    )
                 seen.add(item)
             return items
 

@@ -69,8 +69,10 @@ def _violation(err: ErrorDetails) -> Violation:
     kind = err["type"]
     value = err.get("input")
     ctx = err.get("ctx") or {}
-    if kind in (RULE_ERROR, DUPLICATE_ERROR):
+    if kind == RULE_ERROR:
         return Violation(path, err["msg"])
+    if kind == DUPLICATE_ERROR:
+        return Violation(f"{path}[{ctx['index']}]", err["msg"])
     if kind == "missing":
         return Violation(path, "Required value")
     if kind == "extra_forbidden":
