@@ -269,8 +269,10 @@ _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
 # A line that states an error: "ValueError: ...", "torch._dynamo.exc.Unsupported: ...",
 # 'ValueError("type fp8e4nv ...")', "api_server.py: error: ...".
 _ERROR_LINE = re.compile(
-    r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Unsupported)\b\s*[:(]|^\S+: error: "
+    r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Unsupported)\b\s*[:(]|^[^:]{1,80}: error: "
 )
+# vLLM's re-raises that point elsewhere: "See root cause above", "for the root cause".
+_POINTER_LINE = re.compile(r"root cause|See stack trace", re.IGNORECASE)
 # The OpenAI server logs this once the engine is up and the port answers.
 _SERVER_READY = re.compile(r"Application startup complete")
 
@@ -284,16 +286,17 @@ def classify_failure(evidence: FailureEvidence, *, kv_cache_dtype: str) -> Class
 
     lines = _error_lines(evidence.text)
     found = _first_known(lines, kv_cache_dtype)
-    excerpt = _excerpt(lines, found[2] if found else 0)
+    cause_at = found[2] if found else _root_cause_index(lines)
+    excerpt = _excerpt(lines, cause_at)
+    head = _short(lines[cause_at]) if lines else f"exit code {evidence.exit_code}"
 
     logs = (evidence.termination_message, evidence.log_tail)
     if evidence.was_ready or any(_served_before_failure(log) for log in logs):
-        cause = f": {_short(found[1])}" if found else ""
         return Classification(
             _K.CRASH_AFTER_READY,
             False,
-            "The engine crashed after it had started serving"
-            f"{cause}; a different KV-cache dtype is not expected to help.",
+            f"The engine crashed after it had started serving ({head}); "
+            "a different KV-cache dtype is not expected to help.",
             excerpt,
         )
 
@@ -319,7 +322,6 @@ def classify_failure(evidence: FailureEvidence, *, kv_cache_dtype: str) -> Class
             excerpt,
         )
     if evidence.crashed and quantized:
-        head = _short(lines[0]) if lines else f"exit code {code}"
         return Classification(
             _K.DTYPE_SUSPECT,
             True,
@@ -327,7 +329,6 @@ def classify_failure(evidence: FailureEvidence, *, kv_cache_dtype: str) -> Class
             f"an error that names no known cause ({head}); treating the dtype as suspect.",
             excerpt,
         )
-    head = _short(lines[0]) if lines else f"exit code {code}"
     return Classification(
         _K.UNKNOWN,
         False,
@@ -416,6 +417,14 @@ def _first_known(lines: list[str], dtype: str) -> tuple[Pattern, str, int] | Non
                 reason = pattern.reason.format(dtype=dtype, line=_short(line), **groups)
                 return pattern, _sentence(reason), index
     return None
+
+
+def _root_cause_index(lines: list[str]) -> int:
+    """The first line that is not one of vLLM's wrappers pointing "above" to the cause."""
+    for index, line in enumerate(lines):
+        if not _POINTER_LINE.search(line):
+            return index
+    return 0
 
 
 def _served_before_failure(text: str) -> bool:
