@@ -124,7 +124,8 @@ class EngineCapability:
     minor: Minor
     kv_cache_dtypes: frozenset[str]
     flags: frozenset[str]
-    dropped_flag_sources: dict[str, Sourced]
+    absent_flags: dict[str, FlagRange]
+    """Catalogued flags this version lacks, with the versions that have them."""
     load_formats: frozenset[str]
     block_sizes: BlockSizeRule
     backend_block_sizes: dict[str, BackendBlockRule]
@@ -193,9 +194,11 @@ class EngineCapability:
 
     def dropped_reason(self, flag: str) -> str:
         """Why a flag this version lacks is not rendered (for status)."""
-        origin = self.dropped_flag_sources.get(flag)
-        where = f" ({origin.source})" if origin else ""
-        return f"vLLM {self.version} has no {flag}{where}"
+        known = self.absent_flags.get(flag)
+        if known is None:
+            return f"vLLM {self.version} has no {flag}"
+        until = f" to {_fmt(known.until)}" if known.until else " on"
+        return f"vLLM {self.version} has no {flag} (vLLM has it from {_fmt(known.since)}{until})"
 
     def _engine_value(self, requested: str) -> str | None:
         if requested == "int8":
@@ -287,7 +290,16 @@ def _cc(text: str | None) -> Minor | None:
 def _build_capability(raw: dict[str, Any], version: str, minor: Minor) -> EngineCapability:
     dtypes = {d for e in raw["kv_cache_dtypes"] if _in_range(e, minor) for d in e["add"]}
     flags = {e["flag"] for e in raw["flags"] if _in_range(e, minor)}
-    dropped = {e["flag"]: _origin(e) for e in raw["flags"] if not _in_range(e, minor)}
+    absent = {
+        e["flag"]: FlagRange(
+            flag=e["flag"],
+            since=parse_minor(e["since"]),
+            until=parse_minor(e["until"]) if "until" in e else None,
+            origin=_origin(e),
+        )
+        for e in raw["flags"]
+        if not _in_range(e, minor)
+    }
     formats = {f for e in raw["load_formats"] if _in_range(e, minor) for f in e["add"]}
     block = _one(raw["block_sizes"], minor, "block_sizes")
     backend_rules = {
@@ -315,7 +327,7 @@ def _build_capability(raw: dict[str, Any], version: str, minor: Minor) -> Engine
         minor=minor,
         kv_cache_dtypes=frozenset(dtypes),
         flags=frozenset(flags),
-        dropped_flag_sources=dropped,
+        absent_flags=absent,
         load_formats=frozenset(formats),
         block_sizes=BlockSizeRule(
             choices=tuple(block["choices"]) if "choices" in block else None,

@@ -1,0 +1,27 @@
+"""Every label, annotation, resource and field-manager name kvq reads or writes."""
+
+from __future__ import annotations
+
+GROUP = "kvq.dev"
+
+# Labels on everything kvq renders.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_INFERENCESERVICE = f"{GROUP}/inferenceservice"
+
+NAME_VALUE = "vllm"
+COMPONENT_ENGINE = "engine"
+MANAGED_BY_VALUE = "kvq"
+
+# Pod-template annotation: sha256 of the rendered pod inputs; a change rolls the pods.
+ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
+
+FINALIZER = f"{GROUP}/finalizer"
+FIELD_MANAGER = "kvq"
+
+# NVIDIA: the extended resource, the GPU Feature Discovery product label, the usual taint.
+GPU_RESOURCE = "nvidia.com/gpu"
+GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_TAINT_KEY = "nvidia.com/gpu"

@@ -1,0 +1,209 @@
+"""The engine's command line, correct for its vLLM version.
+
+One code path renders the command for the Deployment and for the engine tests that run
+it locally, so what the tests prove is what the cluster runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvq.api.models import InferenceService
+from kvq.api.spec import MANAGED_FLAGS
+from kvq.catalog.engines import EngineCapability, EngineVersionError, load_engine_catalog
+from kvq.placement.pool import NodePool
+from kvq.render.model_source import ModelSource, resolve_model_source
+from kvq.render.settings import EffectiveSettings, RenderError
+
+ENGINE_PORT = 8000
+WRAPPER_DIR = "/opt/kvq"
+WRAPPER_FILE = "evidence_wrapper.py"
+WRAPPER_PATH = f"{WRAPPER_DIR}/{WRAPPER_FILE}"
+_API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# Flags that would fight what kvq renders, beyond the ones the CRD already refuses:
+# the short form of --tensor-parallel-size, and a KV budget that overrides the
+# utilization the planner counted with.
+_ALSO_MANAGED = ("-tp", "--kv-cache-memory-bytes")
+
+
+@dataclass(frozen=True)
+class DroppedFlag:
+    """A spec setting not rendered because this engine lacks it (reported in status)."""
+
+    flag: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RenderedArgs:
+    args: tuple[str, ...]
+    dropped: tuple[DroppedFlag, ...]
+
+
+def engine_capability(effective: EffectiveSettings) -> EngineCapability:
+    try:
+        return load_engine_catalog().capability(effective.engine_version)
+    except EngineVersionError as error:
+        raise RenderError(str(error)) from error
+
+
+def engine_args(
+    isvc: InferenceService, pool: NodePool, effective: EffectiveSettings
+) -> RenderedArgs:
+    """The engine's arguments (model first), refusing what this engine or pool cannot run."""
+    capability = engine_capability(effective)
+    spec = isvc.spec
+    source = resolve_model_source(effective.model_uri, _revision_for(isvc, effective))
+    args: list[str] = [*_model_args(capability, source)]
+    dropped: list[DroppedFlag] = []
+
+    def add(flag: str, value: str | None = None) -> None:
+        if not capability.has_flag(flag):
+            raise RenderError(f"vLLM {capability.version} has no {flag}, which kvq needs here")
+        args.extend([flag] if value is None else [flag, value])
+
+    if source.revision is not None:
+        add("--revision", source.revision)
+    add("--served-model-name", isvc.metadata.name)
+    add("--port", str(ENGINE_PORT))
+    tp = spec.placement.gpus_per_replica
+    if tp > pool.gpus_per_node:
+        raise RenderError(
+            f"gpusPerReplica {tp} does not fit on one node of pool {pool.name} "
+            f"({pool.gpus_per_node} GPUs per node)"
+        )
+    add("--tensor-parallel-size", str(tp))
+
+    verdict = capability.kv_dtype_verdict(effective.kv_cache_dtype, pool.gpu.compute_capability)
+    if not verdict.ok or verdict.engine_value is None:
+        raise RenderError(f"kvCache.dtype {effective.kv_cache_dtype}: {verdict.reason}")
+    engine_dtype = verdict.engine_value
+    add("--kv-cache-dtype", engine_dtype)
+
+    if spec.kv_cache.block_size is not None:
+        backend = capability.likely_backend(engine_dtype, pool.gpu.compute_capability)
+        block = capability.block_size_verdict(spec.kv_cache.block_size, backend)
+        if not block.ok:
+            raise RenderError(f"kvCache.blockSize: {block.reason}")
+        add("--block-size", str(spec.kv_cache.block_size))
+
+    add("--gpu-memory-utilization", _number(spec.memory.gpu_memory_utilization))
+    dropped.extend(_swap_space(isvc, capability, args))
+    if spec.memory.max_model_len is not None:
+        add("--max-model-len", str(spec.memory.max_model_len))
+    if spec.memory.max_num_seqs is not None:
+        add("--max-num-seqs", str(spec.memory.max_num_seqs))
+    dropped.extend(_calculate_scales(isvc, capability, engine_dtype, args))
+    if effective.quantization is not None:
+        add("--quantization", effective.quantization)
+    if source.load_format is not None:
+        if source.load_format not in capability.load_formats:
+            raise RenderError(
+                f"model uri {effective.model_uri}: vLLM {capability.version} cannot stream "
+                f"from object storage (no --load-format {source.load_format})"
+            )
+        add("--load-format", source.load_format)
+
+    args.extend(
+        _checked_extra_args(spec.engine.extra_args, managed_load_format=bool(source.load_format))
+    )
+    return RenderedArgs(args=tuple(args), dropped=tuple(dropped))
+
+
+def engine_command(
+    isvc: InferenceService,
+    pool: NodePool,
+    effective: EffectiveSettings,
+    *,
+    python: str = "python3",
+) -> list[str]:
+    """The engine's full command line (launcher + arguments)."""
+    capability = engine_capability(effective)
+    rendered = engine_args(isvc, pool, effective)
+    if capability.launcher == "serve":
+        return ["vllm", "serve", *rendered.args]
+    return [python, "-m", _API_SERVER_MODULE, *rendered.args]
+
+
+def container_command(
+    isvc: InferenceService,
+    pool: NodePool,
+    effective: EffectiveSettings,
+    *,
+    python: str = "python3",
+    wrapper_path: str = WRAPPER_PATH,
+) -> list[str]:
+    """The container command: the failure-evidence wrapper around the engine command."""
+    return [python, wrapper_path, "--", *engine_command(isvc, pool, effective, python=python)]
+
+
+def _revision_for(isvc: InferenceService, effective: EffectiveSettings) -> str | None:
+    # The revision pins spec.model.uri; the AWQ variant is another repository.
+    return isvc.spec.model.revision if effective.model_uri == isvc.spec.model.uri else None
+
+
+def _model_args(capability: EngineCapability, source: ModelSource) -> list[str]:
+    if capability.launcher == "serve":
+        return [source.model_arg]
+    return ["--model", source.model_arg]
+
+
+def _swap_space(
+    isvc: InferenceService, capability: EngineCapability, args: list[str]
+) -> list[DroppedFlag]:
+    swap = isvc.spec.memory.swap_space_gib
+    if capability.has_flag("--swap-space"):
+        args.extend(["--swap-space", _number(swap)])
+        return []
+    if swap == 0:
+        return []
+    return [
+        DroppedFlag(
+            "--swap-space",
+            f"{capability.dropped_reason('--swap-space')}: swapSpaceGiB={_number(swap)} is "
+            "ignored (this engine keeps no CPU swap for the KV cache)",
+        )
+    ]
+
+
+def _calculate_scales(
+    isvc: InferenceService, capability: EngineCapability, engine_dtype: str, args: list[str]
+) -> list[DroppedFlag]:
+    if not isvc.spec.kv_cache.calculate_scales:
+        return []
+    if not engine_dtype.startswith("fp8"):
+        return [
+            DroppedFlag(
+                "--calculate-kv-scales",
+                f"calculateScales applies to fp8 KV caches; the effective dtype is {engine_dtype}",
+            )
+        ]
+    if not capability.has_flag("--calculate-kv-scales"):
+        return [
+            DroppedFlag(
+                "--calculate-kv-scales",
+                f"{capability.dropped_reason('--calculate-kv-scales')}: fp8 scales come from "
+                "the checkpoint or default to 1.0",
+            )
+        ]
+    args.append("--calculate-kv-scales")
+    return []
+
+
+def _checked_extra_args(extra: list[str], *, managed_load_format: bool) -> list[str]:
+    managed = {*MANAGED_FLAGS, *_ALSO_MANAGED}
+    if managed_load_format:
+        managed.add("--load-format")
+    clashes = sorted({a.split("=", 1)[0] for a in extra} & managed)
+    if clashes:
+        raise RenderError(
+            f"engine.extraArgs sets {', '.join(clashes)}, which kvq renders from the spec: "
+            "use the spec fields instead"
+        )
+    return list(extra)
+
+
+def _number(value: float) -> str:
+    """`4.0` -> "4", `0.9` -> "0.9": how a person would type it."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
