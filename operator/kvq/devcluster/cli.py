@@ -1,0 +1,57 @@
+"""`kvq dev-cluster up|down|status`: the local control plane from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvq.devcluster import cluster
+
+app = typer.Typer(
+    help="Local Kubernetes control plane (real etcd/apiserver/controllers, KWOK GPU nodes).",
+    no_args_is_help=True,
+)
+
+NameOption = Annotated[str, typer.Option("--name", help="Cluster name (one run dir per name).")]
+
+
+@app.command()
+def up(
+    profile: Annotated[
+        str, typer.Option(help="Profile name in e2e/clusters/ or a path to a profile YAML.")
+    ] = "hetero",
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="Also write the admin kubeconfig here.")
+    ] = None,
+    name: NameOption = "dev",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 180.0,
+) -> None:
+    """Start a fresh cluster with the profile's GPU node pools and wait until it is ready."""
+    try:
+        state = cluster.up(name=name, profile=profile, kubeconfig=kubeconfig, timeout=timeout)
+    except cluster.ClusterStartError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(1) from error
+    typer.echo(f"cluster {state.name!r} ready in {state.startup_seconds} s ({state.server})")
+    typer.echo(f"profile: {state.profile}; logs: {Path(state.run_dir) / 'logs'}")
+    typer.echo(f"viewer (no RBAC bindings): {state.viewer_kubeconfig}")
+    typer.echo(f"export KUBECONFIG={state.kubeconfig}")
+
+
+@app.command()
+def down(name: NameOption = "dev") -> None:
+    """Stop every process of the cluster (its files stay in the run dir for inspection)."""
+    stopped = cluster.down(name)
+    typer.echo(f"cluster {name!r} stopped" if stopped else f"cluster {name!r} was not running")
+
+
+@app.command()
+def status(name: NameOption = "dev") -> None:
+    """Print the cluster's components, readiness and kubeconfig as JSON; exit 1 if not ready."""
+    info = cluster.status(name)
+    typer.echo(json.dumps(info, indent=2))
+    if not info.get("ready"):
+        raise typer.Exit(1)

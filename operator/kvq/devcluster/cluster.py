@@ -1,0 +1,407 @@
+"""Start, inspect and stop one named local control plane.
+
+etcd -> kube-apiserver -> (controller-manager, scheduler, KWOK) -> profile Nodes -> Ready.
+Everything listens on 127.0.0.1 with TLS; the state (ports, pids, kubeconfigs) is a JSON
+file in the run dir, so `down` and `status` work from another process.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from kubernetes import client as k8s
+
+from kvq.devcluster import pki as pki_ids
+from kvq.devcluster.binaries import Binaries, ensure_binaries
+from kvq.devcluster.clients import open_client
+from kvq.devcluster.kubeconfig import write_kubeconfig
+from kvq.devcluster.paths import e2e_dir, run_dir
+from kvq.devcluster.pki import KeyPair, Pki, write_pki
+from kvq.devcluster.ports import allocate_ports
+from kvq.devcluster.processes import Running, is_alive, start_process, stop_process
+from kvq.devcluster.profiles import KWOK_NODE_ANNOTATION, load_profile, node_manifests
+from kvq.devcluster.waits import WaitTimeoutError, wait_until
+
+PORT_NAMES = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"]
+STATE_FILE = "state.json"
+# Pod and node IPs KWOK writes into status. Loopback on purpose: anything that ever dials
+# them (kubectl logs, a metrics scrape) stays on this machine.
+POD_CIDR = "127.10.0.0/16"
+NODE_IP = "127.0.0.1"
+
+
+@dataclass
+class ClusterState:
+    name: str
+    profile: str
+    run_dir: str
+    server: str
+    kubeconfig: str
+    viewer_kubeconfig: str
+    ports: dict[str, int]
+    processes: list[Running] = field(default_factory=list)
+    startup_seconds: float = 0.0
+
+    def save(self) -> None:
+        Path(self.run_dir, STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, name: str) -> ClusterState | None:
+        path = run_dir(name) / STATE_FILE
+        if not path.is_file():
+            return None
+        raw = json.loads(path.read_text())
+        raw["processes"] = [Running(**p) for p in raw["processes"]]
+        return cls(**raw)
+
+
+class ClusterStartError(RuntimeError):
+    pass
+
+
+def up(
+    name: str = "dev",
+    profile: str = "hetero",
+    kubeconfig: Path | None = None,
+    timeout: float = 120.0,
+    binaries: Binaries | None = None,
+) -> ClusterState:
+    """Start a fresh cluster (stopping an earlier one of the same name) and wait until usable."""
+    began = time.monotonic()
+    chosen = load_profile(profile)
+    bins = binaries or ensure_binaries()
+    down(name)
+    root = run_dir(name)
+    for stale in ("etcd-data", "pki", "logs"):
+        shutil.rmtree(root / stale, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+
+    ports = allocate_ports(PORT_NAMES)
+    pki = write_pki(root / "pki")
+    server = f"https://127.0.0.1:{ports['apiserver']}"
+    configs = {
+        identity.name: write_kubeconfig(
+            root / "kubeconfigs" / f"{identity.name}.kubeconfig",
+            server=server,
+            ca_cert=pki.ca.cert,
+            client=pki.client(identity),
+            user=identity.name,
+        )
+        for identity in pki_ids.CLIENT_IDENTITIES
+    }
+    admin = configs[pki_ids.ADMIN.name]
+    if kubeconfig is not None:
+        shutil.copyfile(admin, kubeconfig)
+        kubeconfig.chmod(0o600)
+        admin = kubeconfig
+    state = ClusterState(
+        name=name,
+        profile=chosen.name,
+        run_dir=str(root),
+        server=server,
+        kubeconfig=str(admin),
+        viewer_kubeconfig=str(configs[pki_ids.VIEWER.name]),
+        ports=ports,
+    )
+    deadline = began + timeout
+
+    def remaining() -> float:
+        return max(deadline - time.monotonic(), 1.0)
+
+    logs = root / "logs"
+    try:
+        state.processes.append(
+            start_process("etcd", _etcd_args(bins, root, ports, pki), logs / "etcd.log")
+        )
+        state.save()
+        admin_client = pki.client(pki_ids.ADMIN)
+        _wait_https(
+            f"https://127.0.0.1:{ports['etcd']}/health",
+            pki,
+            admin=None,
+            etcd=True,
+            timeout=remaining(),
+            state=state,
+        )
+        state.processes.append(
+            start_process(
+                "kube-apiserver",
+                _apiserver_args(bins, ports, pki),
+                logs / "kube-apiserver.log",
+            )
+        )
+        state.save()
+        _wait_https(f"{server}/readyz", pki, admin=admin_client, timeout=remaining(), state=state)
+        kwok_config = _write_kwok_config(root)
+        for comp, argv in (
+            ("kube-controller-manager", _controller_manager_args(bins, ports, pki, configs)),
+            ("kube-scheduler", _scheduler_args(bins, ports, pki, configs)),
+            ("kwok", _kwok_args(bins, ports, configs, kwok_config)),
+        ):
+            state.processes.append(start_process(comp, argv, logs / f"{comp}.log"))
+        state.save()
+        with open_client(admin) as api:
+            _create_nodes(api, node_manifests(chosen))
+            _wait_ready(api, len(node_manifests(chosen)), remaining(), state)
+    except BaseException:
+        _stop_all(state)
+        raise
+    state.startup_seconds = round(time.monotonic() - began, 1)
+    state.save()
+    return state
+
+
+def down(name: str = "dev") -> bool:
+    """Stop every process of the named cluster; True when something was running."""
+    state = ClusterState.load(name)
+    if state is None:
+        return False
+    was_running = any(is_alive(p) for p in state.processes)
+    _stop_all(state)
+    return was_running
+
+
+def status(name: str = "dev") -> dict[str, Any]:
+    """Which components are alive, and whether the API server answers /readyz."""
+    state = ClusterState.load(name)
+    if state is None:
+        return {"name": name, "running": False}
+    alive = {p.name: is_alive(p) for p in state.processes}
+    ready = False
+    if alive.get("kube-apiserver"):
+        pki_dir = Path(state.run_dir) / "pki"
+        ctx = _tls_context(pki_dir / "ca.crt", _client_pair(pki_dir, pki_ids.ADMIN))
+        ready = _get_ok(f"{state.server}/readyz", ctx)
+    return {
+        "name": name,
+        "running": all(alive.values()) and bool(alive),
+        "ready": ready,
+        "profile": state.profile,
+        "server": state.server,
+        "kubeconfig": state.kubeconfig,
+        "viewer_kubeconfig": state.viewer_kubeconfig,
+        "components": alive,
+        "logs": str(Path(state.run_dir) / "logs"),
+        "startup_seconds": state.startup_seconds,
+    }
+
+
+def _stop_all(state: ClusterState) -> None:
+    # Reverse start order: KWOK and the controllers before the API server, etcd last.
+    for proc in reversed(state.processes):
+        stop_process(proc)
+    state.processes = []
+    if Path(state.run_dir).is_dir():
+        state.save()
+
+
+def _etcd_args(bins: Binaries, root: Path, ports: dict[str, int], pki: Pki) -> list[str]:
+    client = f"https://127.0.0.1:{ports['etcd']}"
+    peer = f"http://127.0.0.1:{ports['etcd-peer']}"
+    return [
+        str(bins.etcd),
+        "--name=kvq",
+        f"--data-dir={root / 'etcd-data'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=kvq={peer}",
+        f"--cert-file={pki.etcd_server.cert}",
+        f"--key-file={pki.etcd_server.key}",
+        f"--trusted-ca-file={pki.ca.cert}",
+        "--client-cert-auth=true",
+        # Throwaway data: skipping fsync makes a 2-core machine's API server several times faster.
+        "--unsafe-no-fsync=true",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_args(bins: Binaries, ports: dict[str, int], pki: Pki) -> list[str]:
+    etcd_client = pki.client(pki_ids.APISERVER_ETCD_CLIENT)
+    return [
+        str(bins.kube_apiserver),
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={ports['apiserver']}",
+        f"--etcd-servers=https://127.0.0.1:{ports['etcd']}",
+        f"--etcd-cafile={pki.ca.cert}",
+        f"--etcd-certfile={etcd_client.cert}",
+        f"--etcd-keyfile={etcd_client.key}",
+        f"--tls-cert-file={pki.apiserver.cert}",
+        f"--tls-private-key-file={pki.apiserver.key}",
+        f"--client-ca-file={pki.ca.cert}",
+        "--authorization-mode=Node,RBAC",
+        "--anonymous-auth=false",
+        f"--service-account-key-file={pki.service_account_pub}",
+        f"--service-account-signing-key-file={pki.service_account_key}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-cluster-ip-range={pki_ids.SERVICE_CIDR}",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        # No kubelets reach this API server's Service; loopback is not a valid endpoint anyway.
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def _controller_manager_args(
+    bins: Binaries, ports: dict[str, int], pki: Pki, configs: dict[str, Path]
+) -> list[str]:
+    kubeconfig = configs[pki_ids.CONTROLLER_MANAGER.name]
+    return [
+        str(bins.kube_controller_manager),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports['controller-manager']}",
+        f"--tls-cert-file={pki.apiserver.cert}",
+        f"--tls-private-key-file={pki.apiserver.key}",
+        f"--root-ca-file={pki.ca.cert}",
+        f"--service-account-private-key-file={pki.service_account_key}",
+        "--use-service-account-credentials=true",
+        f"--cluster-signing-cert-file={pki.ca.cert}",
+        f"--cluster-signing-key-file={pki.ca.key}",
+        f"--service-cluster-ip-range={pki_ids.SERVICE_CIDR}",
+        "--leader-elect=false",
+        "--v=1",
+    ]
+
+
+def _scheduler_args(
+    bins: Binaries, ports: dict[str, int], pki: Pki, configs: dict[str, Path]
+) -> list[str]:
+    kubeconfig = configs[pki_ids.SCHEDULER.name]
+    return [
+        str(bins.kube_scheduler),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports['scheduler']}",
+        f"--tls-cert-file={pki.apiserver.cert}",
+        f"--tls-private-key-file={pki.apiserver.key}",
+        "--leader-elect=false",
+        "--v=1",
+    ]
+
+
+def _kwok_args(
+    bins: Binaries, ports: dict[str, int], configs: dict[str, Path], kwok_config: Path
+) -> list[str]:
+    annotation = "=".join(KWOK_NODE_ANNOTATION)
+    return [
+        str(bins.kwok),
+        f"--kubeconfig={configs[pki_ids.KWOK.name]}",
+        f"--config={kwok_config}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={annotation}",
+        f"--server-address=127.0.0.1:{ports['kwok']}",
+        f"--node-ip={NODE_IP}",
+        f"--node-port={ports['kwok']}",
+        f"--cidr={POD_CIDR}",
+        "--node-lease-duration-seconds=40",
+    ]
+
+
+def _write_kwok_config(root: Path) -> Path:
+    """KWOK reads its stages from the same --config file; copy them in as loaded."""
+    target = root / "kwok-stages.yaml"
+    shutil.copyfile(e2e_dir() / "kwok" / "stages.yaml", target)
+    return target
+
+
+def _create_nodes(api: Any, manifests: list[dict[str, Any]]) -> None:
+    core = k8s.CoreV1Api(api)
+    for manifest in manifests:
+        core.create_node(body=cast(Any, manifest))
+
+
+def _wait_ready(api: Any, expected: int, timeout: float, state: ClusterState) -> None:
+    core = k8s.CoreV1Api(api)
+
+    def nodes_ready() -> bool:
+        nodes = core.list_node().items
+        ready = [
+            n
+            for n in nodes
+            if any(
+                c.type == "Ready" and c.status == "True"
+                for c in (n.status and n.status.conditions) or []
+            )
+        ]
+        return len(ready) == expected
+
+    # The controller manager is up when it has created the default ServiceAccount.
+    def default_account() -> bool:
+        return bool(core.list_namespaced_service_account("default").items)
+
+    _wait_alive(nodes_ready, f"{expected} nodes Ready", timeout, state)
+    _wait_alive(default_account, "the default ServiceAccount", timeout, state)
+
+
+def _wait_alive(probe: Any, what: str, timeout: float, state: ClusterState) -> None:
+    """wait_until, but fail at once (with the log's tail) when a component has died."""
+
+    def check() -> bool:
+        for proc in state.processes:
+            if not is_alive(proc):
+                raise ClusterStartError(f"{proc.name} exited during start:\n{_tail(proc.log)}")
+        return bool(probe())
+
+    try:
+        wait_until(check, what=what, timeout=timeout, retry_on=(OSError,))
+    except WaitTimeoutError as timed_out:
+        tails = "\n".join(f"--- {p.name}\n{_tail(p.log)}" for p in state.processes)
+        raise ClusterStartError(f"{timed_out}\n{tails}") from timed_out
+
+
+def _wait_https(
+    url: str,
+    pki: Pki,
+    *,
+    admin: KeyPair | None,
+    timeout: float,
+    state: ClusterState,
+    etcd: bool = False,
+) -> None:
+    client = pki.etcd_server if etcd else admin
+    ctx = _tls_context(pki.ca.cert, client)
+    _wait_alive(lambda: _get_ok(url, ctx), url, timeout, state)
+
+
+def _tls_context(ca: Path, client: KeyPair | None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if client is not None:
+        ctx.load_cert_chain(str(client.cert), str(client.key))
+    return ctx
+
+
+def _client_pair(pki_dir: Path, identity: pki_ids.Identity) -> KeyPair:
+    stem = f"client-{identity.name}"
+    return KeyPair(pki_dir / f"{stem}.crt", pki_dir / f"{stem}.key")
+
+
+def _get_ok(url: str, ctx: ssl.SSLContext) -> bool:
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _tail(log: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(log).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"

@@ -1,0 +1,43 @@
+"""Kubeconfig files with the credentials embedded, so a copy works anywhere on this host."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import yaml
+
+from kvq.devcluster.pki import KeyPair
+
+
+def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, client: KeyPair, user: str) -> Path:
+    cluster, context = "kvq-dev", f"{user}@kvq-dev"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": cluster,
+                "cluster": {"server": server, "certificate-authority-data": _b64(ca_cert)},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": _b64(client.cert),
+                    "client-key-data": _b64(client.key),
+                },
+            }
+        ],
+        "contexts": [{"name": context, "context": {"cluster": cluster, "user": user}}],
+        "current-context": context,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=True))
+    path.chmod(0o600)
+    return path
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
