@@ -30,6 +30,8 @@ class NodePool:
     node_selector: dict[str, str] = field(default_factory=dict)
     """Labels that pin a pod to this pool (and only this pool)."""
     taints: tuple[Taint, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    """Labels every node of the pool carries (matched against spec.placement.nodeSelector)."""
 
 
 def pool_for_gpu(gpu: GpuModel, gpus_per_node: int = 8) -> NodePool:

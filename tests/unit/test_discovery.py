@@ -1,0 +1,90 @@
+"""Pools found from Node objects as the cluster profiles (and real providers) label them."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from kvq.catalog.gpus import load_gpu_catalog
+from kvq.devcluster.profiles import load_profile, node_manifests
+from kvq.placement.discovery import discover_pools
+
+CATALOG = load_gpu_catalog()
+
+
+def ready_nodes(profile: str) -> list[dict[str, Any]]:
+    nodes = node_manifests(load_profile(profile))
+    for node in nodes:
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    return nodes
+
+
+def test_hetero_profile_yields_one_pool_per_gpu_generation() -> None:
+    inventory = discover_pools(ready_nodes("hetero"), CATALOG)
+    by_name = {p.name: p for p in inventory.pools}
+    products = {name: pool.gpu.product for name, pool in by_name.items()}
+    assert len(products) == 6, products
+    assert inventory.unknown == ()
+    ccs = sorted(p.gpu.compute_capability for p in inventory.pools)
+    assert ccs == [(7, 5), (8, 0), (8, 9), (9, 0), (9, 0), (10, 0)]
+
+
+def test_pool_selector_uses_the_pool_label_and_keeps_the_gpu_taint() -> None:
+    inventory = discover_pools(ready_nodes("hetero"), CATALOG)
+    l4 = next(p for p in inventory.pools if p.gpu.product.startswith("L4"))
+    assert l4.node_selector == {"cloud.google.com/gke-nodepool": l4.name}
+    assert [t.key for t in l4.taints] == ["nvidia.com/gpu"]
+    assert l4.node_count == 2
+    assert l4.allocatable_gpus == 2 * l4.gpus_per_node
+
+
+def test_karpenter_pool_reads_gpu_count_and_memory() -> None:
+    inventory = discover_pools(ready_nodes("hetero"), CATALOG)
+    h100 = next(
+        p for p in inventory.pools if p.node_selector.get("karpenter.sh/nodepool") == "gpu-h100"
+    )
+    assert h100.gpu.compute_capability == (9, 0)
+    assert h100.gpus_per_node == 8
+
+
+def test_not_ready_and_cordoned_nodes_give_no_allocatable_gpus() -> None:
+    nodes = ready_nodes("single")
+    total = discover_pools(nodes, CATALOG).pools[0].allocatable_gpus
+    nodes[0]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    assert discover_pools(nodes, CATALOG).pools[0].allocatable_gpus < total
+
+
+def test_nodes_without_gpus_are_ignored_and_unknown_gpus_reported() -> None:
+    cpu_node = {"metadata": {"name": "cpu-0", "labels": {}}, "status": {"capacity": {"cpu": "8"}}}
+    mystery = copy.deepcopy(ready_nodes("single")[0])
+    mystery["metadata"]["labels"] = {
+        "nvidia.com/gpu.product": "NVIDIA-Imaginary-9000",
+        "karpenter.sh/nodepool": "lab",
+    }
+    inventory = discover_pools([cpu_node, mystery], CATALOG)
+    assert inventory.pools == ()
+    [unknown] = inventory.unknown
+    assert (unknown.name, unknown.product_label) == ("lab", "NVIDIA-Imaginary-9000")
+
+
+@pytest.mark.parametrize(
+    ("labels", "product_prefix"),
+    [
+        ({"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}, "T4"),
+        ({"karpenter.k8s.aws/instance-gpu-name": "a10g"}, "A10G"),
+        ({"nvidia.com/gpu.product": "NVIDIA-H200", "nvidia.com/gpu.memory": "143771"}, "H200"),
+    ],
+)
+def test_gpu_product_from_each_provider_label(labels: dict[str, str], product_prefix: str) -> None:
+    node = {
+        "metadata": {"name": "n", "labels": labels},
+        "status": {
+            "capacity": {"nvidia.com/gpu": "1"},
+            "allocatable": {"nvidia.com/gpu": "1"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    [pool] = discover_pools([node], CATALOG).pools
+    assert pool.gpu.product.startswith(product_prefix)
