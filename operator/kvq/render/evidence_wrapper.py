@@ -49,6 +49,8 @@ _OTHER_CAUSES = re.compile(
     r"(CUDA out of memory|CUDA error: |Data-dependent assertion failed|NCCL error|"
     r"Killed$|Segmentation fault|core dumped)"
 )
+# uvicorn's line once the server listens: a failure after it is not a start-up failure.
+SERVING_MARKER = "Application startup complete"
 _CONTEXT = re.compile(r"^\s*(Explanation: .*|assert .*)$")
 # Lines that only point elsewhere ("see root cause above"): shown after specific ones.
 _GENERIC = re.compile(
@@ -73,6 +75,7 @@ class Evidence:
 
     causes: dict[str, Cause] = field(default_factory=dict)
     tail: list[str] = field(default_factory=list)
+    served_before_failure: bool = False
     _following: Cause | None = None
     _follow_left: int = 0
     _seen: int = 0
@@ -91,6 +94,8 @@ class Evidence:
                 if text not in self._following.context:
                     self._following.context.append(text)
         stripped = line.strip()
+        if SERVING_MARKER in stripped and not self.causes:
+            self.served_before_failure = True
         if _EXCEPTION.match(stripped) or _OTHER_CAUSES.search(stripped):
             self._remember(stripped[:MAX_LINE_CHARS])
 
@@ -117,15 +122,17 @@ def strip_prefixes(line: str) -> str:
 
 def summarize(exit_code: int, evidence: Evidence, note: str = "") -> str:
     """The termination message: exit code, then root causes, within MAX_SUMMARY_BYTES."""
-    header = f"engine exited with code {exit_code}{note}"
+    lines = [f"engine exited with code {exit_code}{note}"]
+    if evidence.served_before_failure:
+        lines.append(f"the engine had started serving ({SERVING_MARKER}) before it failed")
     causes = evidence.ranked()
     if causes:
-        lines = [header, "root cause (most specific first):"]
+        lines.append("error lines, most specific first:")
         for cause in causes:
             lines.append(cause.line)
             lines.extend(f"  {c}" for c in cause.context)
     else:
-        lines = [header, "no error line found; last lines:", *evidence.tail]
+        lines.extend(["no error line found; last lines:", *evidence.tail])
     return _fit(lines, MAX_SUMMARY_BYTES)
 
 
@@ -166,15 +173,21 @@ def _pump(source: BinaryIO, sink: BinaryIO, evidence: Evidence, lock: threading.
 
 
 def run(command: list[str], termination_log: str) -> int:
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     forwarded: list[int] = []
+    children: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: object) -> None:
         forwarded.append(signum)
-        child.send_signal(signum)
+        for child in children:
+            child.send_signal(signum)
 
+    # Handlers first, so a stop request that races the start still reaches the engine.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, forward)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    children.append(child)
+    if forwarded:
+        child.send_signal(forwarded[0])
 
     evidence = Evidence()
     lock = threading.Lock()
