@@ -1,0 +1,72 @@
+"""Which architecture to plan with: the spec's facts, kvq's catalog, or a config.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvq.api.spec import ArchitectureSpec, ModelSpec
+from kvq.catalog.models import ModelArchitecture, ModelCatalog, architecture_from_hf_config
+
+
+class UnknownModelError(LookupError):
+    """kvq has no architecture facts for the model; the message says how to give them."""
+
+
+def architecture_from_spec(spec: ArchitectureSpec) -> ModelArchitecture:
+    """The planner's view of `spec.model.architecture`.
+
+    Query heads default to the KV heads and the width to heads x headDim; with only
+    numParams given, the MLP and vocabulary widths are placeholders that affect the
+    activation estimate, not the weights (numParams decides those).
+    """
+    kv_heads = spec.num_kv_heads or 1
+    heads = spec.num_attention_heads or kv_heads
+    head_dim = spec.head_dim or (spec.kv_lora_rank or 64)
+    hidden = spec.hidden_size or heads * head_dim
+    return ModelArchitecture(
+        num_layers=spec.num_layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_size=hidden,
+        intermediate_size=spec.intermediate_size or 4 * hidden,
+        vocab_size=spec.vocab_size or 32_000,
+        attention=spec.attention,
+        kv_lora_rank=spec.kv_lora_rank,
+        rope_head_dim=spec.rope_head_dim,
+        num_params=spec.num_params,
+    )
+
+
+def resolve_architecture(model: ModelSpec, catalog: ModelCatalog) -> ModelArchitecture:
+    """Spec facts win; otherwise the catalog by URI (hf:// ids and their aliases)."""
+    if model.architecture is not None:
+        return architecture_from_spec(model.architecture)
+    found = catalog.lookup(model.uri)
+    if found is None:
+        raise UnknownModelError(
+            f"kvq's catalog does not know {model.uri}: give spec.model.architecture "
+            "(numLayers, numKvHeads, headDim, hiddenSize, intermediateSize, vocabSize from its "
+            "config.json)"
+        )
+    return found.architecture
+
+
+def architecture_for_cli(model: str, catalog: ModelCatalog) -> tuple[str, ModelArchitecture]:
+    """`kvq plan --model`: a catalog name, an hf:// URI or Hub id, or a config.json path."""
+    path = Path(model)
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise UnknownModelError(f"no such config.json: {model}")
+        return path.name, architecture_from_hf_config(json.loads(path.read_text()))
+    if path.is_dir() and (path / "config.json").is_file():
+        config = json.loads((path / "config.json").read_text())
+        return path.name, architecture_from_hf_config(config)
+    found = catalog.lookup(model)
+    if found is None:
+        raise UnknownModelError(
+            f"unknown model {model!r}: use a catalog name (kvq plan --list-models), "
+            "an hf:// URI of a catalog model, or a path to a config.json"
+        )
+    return found.name, found.architecture
