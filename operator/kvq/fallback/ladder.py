@@ -84,7 +84,7 @@ def next_rung(
     """
     current = Rung(current)
     failed = f"{_capital(_label(current, requested_dtype))} cannot run" + (
-        f": {because}" if because else ""
+        f": {_sentence_part(because)}" if because else ""
     )
     if not enabled:
         return LadderDecision(
@@ -256,6 +256,13 @@ def _label(rung: Rung, requested_dtype: str) -> str:
 
 def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
+
+
+def _sentence_part(text: str) -> str:
+    """A sentence continued after a colon: "The engine ..." -> "the engine ..."."""
+    if text[:1].isupper() and text[1:2].islower():
+        text = text[0].lower() + text[1:]
+    return _clause(text)
 
 
 def _clause(text: str) -> str:
