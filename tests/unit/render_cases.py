@@ -1,0 +1,29 @@
+"""InferenceServices and pools shared by the render tests and goldens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvq.api.models import InferenceService
+from kvq.catalog.gpus import GpuModel, load_gpu_catalog
+from kvq.placement.pool import NodePool, pool_for_gpu
+
+
+def isvc(name: str = "llama", namespace: str | None = "team-a", **spec: Any) -> InferenceService:
+    body: dict[str, Any] = {
+        "apiVersion": "kvq.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, **({"namespace": namespace} if namespace else {})},
+        "spec": {"model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct"}, **spec},
+    }
+    return InferenceService.model_validate(body)
+
+
+def gpu(product: str) -> GpuModel:
+    found = load_gpu_catalog().lookup(product)
+    assert found is not None, product
+    return found
+
+
+def pool(product: str, gpus_per_node: int = 8) -> NodePool:
+    return pool_for_gpu(gpu(product), gpus_per_node)
