@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 import yaml
 from rich.console import Console
+from rich.table import Table
 
 app = typer.Typer(
     name="kvq",
@@ -62,6 +64,198 @@ def validate(
         else:
             print(f"inferenceservice/{name} valid")
     raise typer.Exit(1 if failed else 0)
+
+
+OutputFormat = Literal["table", "json"]
+ALL_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
+
+
+@app.command()
+def plan(
+    model: Annotated[str, typer.Option(help="Catalog name, hf:// URI, or config.json path")],
+    gpu: Annotated[str, typer.Option(help="GPU product, as a node label spells it")],
+    gpus: Annotated[int, typer.Option(min=1, max=8, help="GPUs per replica (TP)")] = 1,
+    gpu_memory_utilization: Annotated[float, typer.Option(min=0.01, max=1.0)] = 0.90,
+    kv_cache_dtype: Annotated[str, typer.Option(help="A dtype, or all")] = "all",
+    max_model_len: Annotated[int | None, typer.Option(min=16)] = None,
+    block_size: Annotated[int, typer.Option(min=1)] = 16,
+    engine_version: Annotated[
+        str | None, typer.Option(help="Also check each dtype against this vLLM version")
+    ] = None,
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
+) -> None:
+    """What one replica holds on a GPU, per KV-cache dtype, before anything is scheduled."""
+    from kvq.catalog.engines import EngineVersionError, load_engine_catalog
+    from kvq.catalog.gpus import load_gpu_catalog
+    from kvq.catalog.models import load_model_catalog
+    from kvq.planner import plan_capacity
+    from kvq.planner.architecture import UnknownModelError, architecture_for_cli
+
+    if output not in ("table", "json"):
+        _fail(f"--output must be table or json, not {output!r}")
+    dtypes = ALL_DTYPES if kv_cache_dtype == "all" else (kv_cache_dtype,)
+    if any(d not in ALL_DTYPES for d in dtypes):
+        _fail(f"--kv-cache-dtype must be one of {', '.join(ALL_DTYPES)} or all")
+    gpu_model = load_gpu_catalog().lookup(gpu)
+    if gpu_model is None:
+        _fail(f"unknown GPU {gpu!r}: see the products in kvq/catalog/gpus.yaml")
+    try:
+        model_name, arch = architecture_for_cli(model, load_model_catalog())
+    except UnknownModelError as error:
+        _fail(str(error))
+    capability = None
+    if engine_version is not None:
+        try:
+            capability = load_engine_catalog().capability(engine_version)
+        except EngineVersionError as error:
+            _fail(str(error))
+    rows: dict[str, dict[str, Any]] = {}
+    for dtype in dtypes:
+        result = plan_capacity(
+            arch,
+            gpu_model,
+            dtype,
+            tensor_parallel=gpus,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            block_size=block_size,
+        )
+        row: dict[str, Any] = {
+            "kvBytesPerToken": result.kv_bytes_per_token,
+            "availableKvBytes": result.available_kv_bytes,
+            "kvTokens": result.kv_tokens,
+            "maxConcurrency": round(result.max_concurrency, 2),
+            "maxModelLen": result.max_model_len,
+            "ratioVsAuto": round(result.ratio_vs_auto, 3),
+            "fits": result.fits,
+        }
+        if result.reason:
+            row["reason"] = result.reason
+        if capability is not None:
+            verdict = capability.kv_dtype_verdict(dtype, gpu_model.compute_capability)
+            row["engine"] = {
+                "ok": verdict.ok,
+                "value": verdict.engine_value,
+                "reason": verdict.reason,
+            }
+        rows[dtype] = row
+    if output == "json":
+        document = {
+            "model": model_name,
+            "gpu": gpu_model.product,
+            "computeCapability": gpu_model.compute_capability_str,
+            "gpuMemoryMiB": gpu_model.memory_mib,
+            "gpus": gpus,
+            "gpuMemoryUtilization": gpu_memory_utilization,
+            "engineVersion": engine_version,
+            "dtypes": rows,
+        }
+        print(json.dumps(document, indent=2))
+        return
+    _print_plan_table(model_name, gpu_model.product, gpus, rows, engine_version)
+
+
+def _print_plan_table(
+    model: str, gpu: str, gpus: int, rows: dict[str, dict[str, Any]], engine: str | None
+) -> None:
+    any_row = next(iter(rows.values()))
+    title = f"{model} on {gpus}x {gpu}, maxModelLen {any_row['maxModelLen']:,}"
+    table = Table(title=title)
+    for column in ("dtype", "bytes/token", "KV memory", "KV tokens", "max seqs", "vs auto"):
+        table.add_column(column, justify="left" if column == "dtype" else "right")
+    if engine:
+        table.add_column(f"vLLM {engine}")
+    notes: list[str] = []
+    for dtype, row in rows.items():
+        fits = row["fits"]
+        cells = [
+            dtype,
+            f"{row['kvBytesPerToken']:,}",
+            f"{row['availableKvBytes'] / 2**30:.2f} GiB" if fits else "-",
+            f"{row['kvTokens']:,}" if fits else "-",
+            f"{row['maxConcurrency']:.2f}" if fits else "does not fit",
+            f"{row['ratioVsAuto']:.2f}x",
+        ]
+        if row.get("reason"):
+            notes.append(f"{dtype}: {row['reason']}")
+        if engine:
+            verdict = row["engine"]
+            cells.append("ok" if verdict["ok"] else "refused")
+            if not verdict["ok"]:
+                notes.append(f"{dtype} refused: {verdict['reason']}")
+        table.add_row(*cells)
+    Console(width=120).print(table)
+    for note in dict.fromkeys(notes):
+        print(note)
+
+
+@app.command()
+def render(
+    file: Annotated[str, typer.Option("-f", "--filename", help="InferenceService YAML, or -")],
+    pool: Annotated[str, typer.Option(help="GPU product of the target pool, e.g. H100")],
+    gpus_per_node: Annotated[int, typer.Option(min=1, max=16)] = 8,
+    engine_version: Annotated[str | None, typer.Option(help="Override spec.engine.version")] = None,
+    rung: Annotated[str, typer.Option(help="requested, auto or awq")] = "requested",
+) -> None:
+    """Print the manifests kvq would apply for an InferenceService on a pool (for GitOps)."""
+    from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
+    from kvq.catalog.gpus import load_gpu_catalog
+    from kvq.placement.pool import pool_for_gpu
+    from kvq.render import RenderError, effective_settings, render_manifests
+
+    gpu_model = load_gpu_catalog().lookup(pool)
+    if gpu_model is None:
+        _fail(f"unknown GPU {pool!r}: see the products in kvq/catalog/gpus.yaml")
+    if rung not in ("requested", "auto", "awq"):
+        _fail("--rung must be requested, auto or awq")
+    documents = []
+    for doc in _load_documents(file):
+        if doc.get("kind") != "InferenceService":
+            continue
+        if engine_version is not None:
+            doc.setdefault("spec", {}).setdefault("engine", {})["version"] = engine_version
+        try:
+            isvc = parse_inference_service(doc)
+            settings = effective_settings(isvc, gpu_model, rung)  # type: ignore[arg-type]
+            verdict_error = _dtype_refusal(
+                settings.engine_version, settings.kv_cache_dtype, gpu_model
+            )
+            if verdict_error:
+                _fail(f"{isvc.metadata.name}: {verdict_error} (try --rung auto)")
+            documents += render_manifests(isvc, pool_for_gpu(gpu_model, gpus_per_node), settings)
+        except (InvalidInferenceServiceError, RenderError) as error:
+            _fail(str(error))
+    sys.stdout.write(dump_yaml(documents))
+
+
+def _dtype_refusal(version: str, dtype: str, gpu: Any) -> str | None:
+    from kvq.catalog.engines import load_engine_catalog
+
+    verdict = (
+        load_engine_catalog().capability(version).kv_dtype_verdict(dtype, gpu.compute_capability)
+    )
+    return None if verdict.ok else verdict.reason
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """Multi-line strings (the evidence wrapper script) as readable `|` blocks."""
+
+
+def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _str_presenter)
+
+
+def dump_yaml(documents: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(documents, Dumper=_LiteralDumper, sort_keys=True, width=100)
+
+
+def _fail(message: str) -> NoReturn:
+    err.print(f"[red]error:[/] {message}", highlight=False)
+    raise typer.Exit(2)
 
 
 def main() -> None:

@@ -102,6 +102,18 @@ class ArchitectureSpec(KubeModel):
             ),
             field_path=".numKvHeads",
         ),
+        Rule(
+            cel="has(self.numParams) || (has(self.hiddenSize) && has(self.intermediateSize) "
+            "&& has(self.vocabSize))",
+            message="give hiddenSize, intermediateSize and vocabSize, or numParams: kvq needs "
+            "the weight size to know what memory is left for the KV cache",
+            check=lambda a: a.num_params is not None
+            or (
+                a.hidden_size is not None
+                and a.intermediate_size is not None
+                and a.vocab_size is not None
+            ),
+        ),
     )
 
     num_layers: Annotated[int, Field(ge=1, le=1024)]
