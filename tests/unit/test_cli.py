@@ -1,0 +1,129 @@
+"""The kvq command line as a platform engineer uses it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from kvq.api.crd import crd_yaml
+from kvq.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "examples/llama3-8b-fp8.yaml")
+runner = CliRunner()
+
+
+def test_crd_prints_the_committed_crd() -> None:
+    result = runner.invoke(app, ["crd"])
+    assert result.exit_code == 0
+    assert result.stdout == crd_yaml()
+
+
+def test_validate_accepts_the_example() -> None:
+    result = runner.invoke(app, ["validate", "-f", EXAMPLE])
+    assert result.exit_code == 0
+    assert "inferenceservice/llama3-8b valid" in result.stdout
+
+
+def test_validate_reports_each_violation_and_fails(tmp_path: Path) -> None:
+    doc = yaml.safe_load(Path(EXAMPLE).read_text())
+    doc["spec"]["memory"]["gpuMemoryUtilization"] = 1.2
+    doc["spec"]["kvCache"]["dtype"] = "fp4"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    result = runner.invoke(app, ["validate", "-f", str(bad)])
+    assert result.exit_code == 1
+    assert 'The InferenceService "llama3-8b" is invalid:' in result.stdout
+    assert '* spec.kvCache.dtype: Unsupported value: "fp4"' in result.stdout
+    assert "* spec.memory.gpuMemoryUtilization: gpuMemoryUtilization is the fraction" in (
+        result.stdout
+    )
+
+
+def test_plan_json_reproduces_the_measured_h200_run() -> None:
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "llama-3-8b",
+            "--gpu",
+            "NVIDIA-H200",
+            "--max-model-len",
+            "3648",
+            "-o",
+            "json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    auto, fp8 = plan["dtypes"]["auto"], plan["dtypes"]["fp8"]
+    # vLLM 0.26.0 on one H200 printed 891,712 and 1,783,440 tokens; 244.44x and 488.88x.
+    assert abs(auto["kvTokens"] / 891_712 - 1) < 0.02
+    assert abs(fp8["kvTokens"] / 1_783_440 - 1) < 0.02
+    assert abs(auto["maxConcurrency"] / 244.44 - 1) < 0.02
+    assert abs(fp8["maxConcurrency"] / 488.88 - 1) < 0.02
+    assert fp8["kvBytesPerToken"] * 2 == auto["kvBytesPerToken"]
+    assert set(plan["dtypes"]) == {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"}
+
+
+def test_plan_flags_engine_refusals() -> None:
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "llama-3-8b",
+            "--gpu",
+            "T4",
+            "--kv-cache-dtype",
+            "fp8",
+            "--engine-version",
+            "0.26.0",
+            "-o",
+            "json",
+        ],
+    )
+    fp8 = json.loads(result.stdout)["dtypes"]["fp8"]
+    assert fp8["engine"]["ok"] is False
+    assert "Turing" in fp8["engine"]["reason"]
+
+
+def test_plan_rejects_unknown_gpu_and_model() -> None:
+    unknown_gpu = runner.invoke(app, ["plan", "--model", "llama-3-8b", "--gpu", "Voodoo5"])
+    assert unknown_gpu.exit_code == 2
+    assert "unknown GPU 'Voodoo5'" in unknown_gpu.output
+    unknown_model = runner.invoke(app, ["plan", "--model", "hf://nobody/nothing", "--gpu", "L4"])
+    assert unknown_model.exit_code == 2
+    assert "unknown model" in unknown_model.output
+
+
+def test_plan_reads_a_config_json(tmp_path: Path) -> None:
+    config = ROOT / "tests/fixtures/vllm/cpu-tiny-head80.config.json"
+    result = runner.invoke(app, ["plan", "--model", str(config), "--gpu", "L4", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    # 2 layers x 2 KV heads x head_dim 80 x K and V x 2 bytes
+    assert json.loads(result.stdout)["dtypes"]["auto"]["kvBytesPerToken"] == 2 * 2 * 80 * 2 * 2
+
+
+def test_render_prints_applyable_manifests() -> None:
+    result = runner.invoke(app, ["render", "-f", EXAMPLE, "--pool", "H100"])
+    assert result.exit_code == 0, result.output
+    kinds = [d["kind"] for d in yaml.safe_load_all(result.stdout)]
+    assert kinds == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget"]
+    assert "--kv-cache-dtype\n        - fp8" in result.stdout
+
+
+def test_render_refuses_fp8_on_a_t4_and_the_awq_rung_renders() -> None:
+    refused = runner.invoke(app, ["render", "-f", EXAMPLE, "--pool", "T4"])
+    assert refused.exit_code == 2
+    assert "compute capability 7.5" in refused.output
+    awq = runner.invoke(app, ["render", "-f", EXAMPLE, "--pool", "T4", "--rung", "awq"])
+    assert awq.exit_code == 0, awq.output
+    deployment = next(d for d in yaml.safe_load_all(awq.stdout) if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert args[args.index("--model") + 1] == "casperhansen/llama-3-8b-instruct-awq"
+    assert args[args.index("--quantization") + 1] == "awq"
