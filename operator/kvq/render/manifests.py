@@ -146,7 +146,6 @@ def _pod_spec(
         "name": CONTAINER_NAME,
         "image": effective.image,
         "command": container_command(isvc, pool, effective),
-        "env": _env(isvc),
         "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT}],
         # Requests of an extended resource default to its limit.
         "resources": {"limits": {keys.GPU_RESOURCE: gpus}},
@@ -165,6 +164,9 @@ def _pod_spec(
         },
         "volumeMounts": mounts,
     }
+    env = _env(isvc)
+    if env:
+        container["env"] = env
     return {
         "containers": [container],
         # Service links would inject VLLM_PORT=tcp://... for a Service named `vllm`, which

@@ -1,0 +1,145 @@
+"""Rendered manifests compared with the files under tests/golden/render/.
+
+Regenerate after an intended change: KVQ_UPDATE_GOLDEN=1 pytest tests/unit/test_render_golden.py
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvq.api.models import InferenceService
+from kvq.render import effective_settings, render_manifests
+from kvq.render.manifests import evidence_script
+from kvq.render.settings import Rung
+from tests.unit.render_cases import gpu, isvc, pool
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "render"
+UPDATE = os.environ.get("KVQ_UPDATE_GOLDEN") == "1"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    service: Callable[[], InferenceService]
+    product: str
+    rung: Rung = "requested"
+
+
+CASES = [
+    Case(
+        "h100-fp8",
+        lambda: isvc(
+            model={
+                "uri": "hf://meta-llama/Llama-3.1-8B-Instruct",
+                "revision": "0e9e39f249a16976918f6564b8830bc894c89659",
+            },
+            kvCache={"dtype": "fp8"},
+            memory={"maxModelLen": 8192, "maxNumSeqs": 256, "gpuMemoryUtilization": 0.92},
+        ),
+        "H100-SXM-80GB",
+    ),
+    Case(
+        "a100-int8-v0.22",
+        lambda: isvc(
+            engine={"image": "vllm/vllm-openai:v0.22.0"},
+            kvCache={"dtype": "int8", "blockSize": 32},
+        ),
+        "A100-SXM4-80GB",
+    ),
+    Case(
+        "l40s-fp8-v0.17-swap",
+        lambda: isvc(
+            engine={"image": "vllm/vllm-openai:v0.17.1"},
+            kvCache={"dtype": "fp8_e4m3", "calculateScales": True},
+            memory={"swapSpaceGiB": 8},
+        ),
+        "L40S",
+    ),
+    Case(
+        "a10g-awq",
+        lambda: isvc(
+            model={
+                "uri": "hf://meta-llama/Llama-3.1-8B-Instruct",
+                "awq": {"uri": "hf://hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"},
+            },
+            kvCache={"dtype": "fp8"},
+            fallback={"rungs": ["auto", "awq"]},
+        ),
+        "A10G",
+        "awq",
+    ),
+    Case(
+        "pvc-token",
+        lambda: isvc(
+            name="qwen",
+            model={
+                "uri": "pvc://model-store/qwen2.5-7b-instruct",
+                "tokenSecretRef": {"name": "hf-token", "key": "token"},
+            },
+            engine={
+                "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+                "extraArgs": ["--enable-prefix-caching"],
+            },
+            placement={"gpusPerReplica": 2},
+        ),
+        "L4",
+    ),
+    Case(
+        "h200-replicas2",
+        lambda: isvc(
+            name="chat",
+            namespace="prod",
+            kvCache={"dtype": "fp8"},
+            replicas=2,
+            placement={
+                "nodeSelector": {"topology.kubernetes.io/zone": "us-east-1a"},
+                "tolerations": [
+                    {"key": "dedicated", "operator": "Equal", "value": "inference"},
+                ],
+            },
+        ),
+        "H200",
+    ),
+]
+
+
+def rendered_yaml(case: Case) -> str:
+    service = case.service()
+    objects = render_manifests(
+        service, pool(case.product), effective_settings(service, gpu(case.product), case.rung)
+    )
+    return yaml.safe_dump_all([_readable(o) for o in objects], sort_keys=True, width=100)
+
+
+def _readable(obj: dict[str, Any]) -> dict[str, Any]:
+    """The wrapper script stands in the golden as its digest (it has its own tests)."""
+    if obj["kind"] != "ConfigMap":
+        return obj
+    digest = hashlib.sha256(evidence_script().encode()).hexdigest()
+    data = {key: f"<evidence wrapper, sha256 {digest}>" for key in obj["data"]}
+    return {**obj, "data": data}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_rendered_manifests_match_golden(case: Case) -> None:
+    path = GOLDEN / f"{case.name}.yaml"
+    text = rendered_yaml(case)
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing: run with KVQ_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{case.name} changed: run with KVQ_UPDATE_GOLDEN=1, review"
+
+
+def test_rendering_is_deterministic() -> None:
+    for case in CASES:
+        assert rendered_yaml(case) == rendered_yaml(case)
