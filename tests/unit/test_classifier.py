@@ -11,6 +11,7 @@ import pytest
 
 from kvq.fallback.classifier import PATTERNS, FailureKind, classify_failure
 from kvq.fallback.evidence import FailureEvidence, bound_excerpt, evidence_from_pod
+from kvq.render.evidence_wrapper import Evidence, summarize
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "vllm"
 HEAD80_FP8 = "cpu-v0.32.0-tiny-head80-fp8-crash.log"
@@ -267,10 +268,27 @@ CASES = [
     # Only what FallbackToLogsOnError keeps: the cause is not in it, so it is a suspect.
     Case("head80 fp8, kubelet tail only", crashed_pod(kubelet_tail(HEAD80_FP8)), "fp8",
          FailureKind.DTYPE_SUSPECT, True, ("fp8", "Engine core initialization failed")),
-    # The H200 e5m2 crash never names the dtype.
-    Case("h200 e5m2, full log", crashed_pod(kubelet_tail(H200_E5M2)), "fp8_e5m2",
-         FailureKind.DTYPE_SUSPECT, True, ("fp8_e5m2", "Data-dependent assertion failed"),
-         log_tail=log(H200_E5M2)),
+    # The H200 e5m2 crash: its message never names the dtype, but the traceback's
+    # user-code frame is the failed `assert self.kv_cache_dtype in {...}`.
+    Case(
+        "h200 e5m2, full log",
+        crashed_pod(kubelet_tail(H200_E5M2)),
+        "fp8_e5m2",
+        FailureKind.DTYPE_REJECTED,
+        True,
+        ("fp8_e5m2", "assert self.kv_cache_dtype"),
+        log_tail=log(H200_E5M2),
+    ),
+    # Without that frame (kubelet tail, or a message with the exception line only)
+    # it is an unknown start-up crash under a quantized dtype: a suspect.
+    Case(
+        "h200 e5m2, kubelet tail only",
+        crashed_pod(kubelet_tail(H200_E5M2)),
+        "fp8_e5m2",
+        FailureKind.DTYPE_SUSPECT,
+        True,
+        ("fp8_e5m2", "Engine core initialization failed"),
+    ),
     Case("h200 e5m2, wrapper message", crashed_pod(wrapper_message(1, E5M2_ROOT, ENGINE_INIT)),
          "fp8_e5m2", FailureKind.DTYPE_SUSPECT, True, ("Data-dependent assertion failed",)),
     # The same unknown crash under auto: nothing to fall back from.
@@ -313,6 +331,13 @@ CASES = [
          FailureKind.EVICTED, False, ("evicted", "ephemeral-storage")),
     Case("killed by the startup probe", crashed_pod("", exit_code=137), "fp8",
          FailureKind.KILLED, False, ("signal", "137")),
+    Case("stopped through the wrapper", crashed_pod(wrapper_message(
+        1, "(killed by signal 15) after signal 15 was forwarded to it", ENGINE_INIT)), "fp8",
+         FailureKind.KILLED, False, ("stopped by a signal",)),
+    Case("segfault under fp8", crashed_pod(
+        "engine exited with code 139 (killed by signal 11)\nno error line found; last lines:\n"
+        "Segmentation fault (core dumped)", exit_code=139), "fp8",
+         FailureKind.DTYPE_SUSPECT, True, ("fp8", "Segmentation fault")),
     # argparse exits at once on a flag this engine version does not have.
     Case("swap-space removed", crashed_pod(wrapper_message(
         2, "usage: vllm serve [model_tag] [options]",
@@ -343,6 +368,32 @@ def test_excerpt_of_a_real_crash_starts_at_the_root_cause(name: str) -> None:
     assert "WARNING" not in result.excerpt and "INFO" not in result.excerpt
 
 
+@pytest.mark.parametrize(
+    ("name", "dtype", "kind"),
+    [
+        (HEAD80_FP8, "fp8", FailureKind.DTYPE_REJECTED),
+        (H200_E5M2, "fp8_e5m2", FailureKind.DTYPE_REJECTED),
+        (HEAD16_AUTO, "auto", FailureKind.CRASH_AFTER_READY),
+        (HEAD16_AUTO, "fp8", FailureKind.CRASH_AFTER_READY),
+    ],
+)
+def test_the_real_wrapper_message_alone_is_enough(name: str, dtype: str, kind: FailureKind) -> None:
+    # The wrapper the renderer puts around the engine, fed the real log: its 4 KiB
+    # termination message must lead to the same verdict as the whole log.
+    scanned = Evidence()
+    for line in log(name).splitlines():
+        scanned.add_line(line)
+    message = summarize(1, scanned)
+    from_message = classify_failure(
+        FailureEvidence(pod="p", exit_code=1, termination_message=message), kv_cache_dtype=dtype
+    )
+    from_log = classify_failure(
+        FailureEvidence(pod="p", exit_code=1, log_tail=log(name)), kv_cache_dtype=dtype
+    )
+    assert from_message.kind is from_log.kind is kind
+    assert from_message.excerpt.splitlines()[0] == from_log.excerpt.splitlines()[0]
+
+
 @pytest.mark.parametrize("name", OK_LOGS)
 def test_logs_of_healthy_engines_name_no_known_failure(name: str) -> None:
     # Healthy logs mention kv_cache_dtype, fp8 and OSError in INFO/WARNING lines;
@@ -361,6 +412,8 @@ MESSAGES = [
     ("ValueError: Model architecture not supported for kv_cache_dtype='fp8'", "fp8",
      FailureKind.DTYPE_REJECTED, True, "architecture"),
     (HEAD80_ROOT, "fp8", FailureKind.DTYPE_REJECTED, True, "head size"),
+    ('assert self.kv_cache_dtype in {"fp8", "fp8_e4m3", "nvfp4"}', "fp8_e5m2",
+     FailureKind.DTYPE_REJECTED, True, "assertion"),
     ("ValueError: fp8_e5m2 kv-cache is not supported with fp8 checkpoints.", "fp8_e5m2",
      FailureKind.DTYPE_REJECTED, True, "fp8_e5m2"),
     ("NotImplementedError: FlashAttention does not support fp8 kv-cache on this device.", "fp8",

@@ -146,6 +146,15 @@ PATTERNS: tuple[Pattern, ...] = (
         _K.DTYPE_REJECTED,
         "The engine refused the {dtype} KV cache: {line}",
     ),
+    # A failed assertion about the KV dtype, as a traceback prints it: the H200 fp8_e5m2
+    # crash (vLLM 0.26, Triton backend) ends in torch.compile's "Data-dependent assertion
+    # failed" whose user-code frame is `assert self.kv_cache_dtype in {"fp8", ...}`.
+    _p(
+        r"^assert\b.*\bkv_cache_dtype\b",
+        _K.DTYPE_REJECTED,
+        "An engine assertion on the KV-cache dtype failed, so {dtype} is not accepted on "
+        "this code path: {line}",
+    ),
     # --- capacity, not dtype: a smaller cache would not be the fix ---
     # torch: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
     _p(
@@ -267,10 +276,17 @@ _LOG_PREFIX = re.compile(
 )
 _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
 # A line that states an error: "ValueError: ...", "torch._dynamo.exc.Unsupported: ...",
-# 'ValueError("type fp8e4nv ...")', "api_server.py: error: ...".
+# 'ValueError("type fp8e4nv ...")', "api_server.py: error: ...", crashes without an
+# exception ("Segmentation fault (core dumped)"), and the source line of a failed
+# assertion on the KV dtype, which tracebacks print (the H200 e5m2 crash).
 _ERROR_LINE = re.compile(
     r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Unsupported)\b\s*[:(]|^[^:]{1,80}: error: "
+    r"|CUDA error: |NCCL error|Segmentation fault|core dumped"
+    r"|^assert\b.*\bkv_cache_dtype\b"
 )
+# Our evidence wrapper notes a stop signal it passed on: the engine was stopped from
+# outside (a failed startup probe, a deletion), it did not crash.
+_STOPPED = re.compile(r"signal \d+ was forwarded")
 # vLLM's re-raises that point elsewhere: "See root cause above", "for the root cause".
 _POINTER_LINE = re.compile(r"root cause|See stack trace", re.IGNORECASE)
 # The OpenAI server logs this once the engine is up and the port answers.
@@ -286,8 +302,9 @@ def classify_failure(evidence: FailureEvidence, *, kv_cache_dtype: str) -> Class
 
     lines = _error_lines(evidence.text)
     found = _first_known(lines, kv_cache_dtype)
-    cause_at = found[2] if found else _root_cause_index(lines)
-    excerpt = _excerpt(lines, cause_at)
+    root_at = _root_cause_index(lines)
+    cause_at = found[2] if found else root_at
+    excerpt = _excerpt(lines, min(cause_at, root_at))
     head = _short(lines[cause_at]) if lines else f"exit code {evidence.exit_code}"
 
     logs = (evidence.termination_message, evidence.log_tail)
@@ -313,12 +330,12 @@ def classify_failure(evidence: FailureEvidence, *, kv_cache_dtype: str) -> Class
         return Classification(pattern.kind, pattern.kind is _K.DTYPE_REJECTED, reason, excerpt)
 
     code = evidence.exit_code
-    if code in _SIGNAL_EXIT_CODES and not lines:
+    if code in _SIGNAL_EXIT_CODES or _STOPPED.search(evidence.termination_message):
         return Classification(
             _K.KILLED,
             False,
-            f"The engine was killed by a signal (exit code {code}) before it reported an error, "
-            "usually a startup probe that ran out of time.",
+            f"The engine was stopped by a signal (exit code {code}) before it was ready, "
+            "usually by the kubelet after the startup probe ran out of time.",
             excerpt,
         )
     if evidence.crashed and quantized:
