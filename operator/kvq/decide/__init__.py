@@ -1,0 +1,1 @@
+"""Pure decisions: a snapshot of the world in, a plan (objects, status, events) out."""

@@ -1,0 +1,90 @@
+"""What the reconcile observes (Snapshot) and what it must carry out (Plan)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from kvq.api.models import InferenceService
+from kvq.catalog.engines import EngineCatalog
+from kvq.catalog.gpus import GpuCatalog
+from kvq.catalog.models import ModelCatalog
+from kvq.placement.discovery import DEFAULT_POOL_LABELS
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Catalogs:
+    """The data kvq decides with, loaded once at start-up."""
+
+    gpus: GpuCatalog
+    engines: EngineCatalog
+    models: ModelCatalog
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Operator-wide settings (chart values / CLI flags), passed in, never read from env here."""
+
+    pool_labels: tuple[str, ...] = DEFAULT_POOL_LABELS
+    # Evidence the executor may fetch when a termination message is not enough.
+    log_tail_lines: int = 200
+    log_tail_bytes: int = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one reconcile looks at, read before deciding."""
+
+    isvc: InferenceService
+    """The resource as the API server returned it, status included."""
+    nodes: Sequence[Mapping[str, Any]]
+    """Every Node (from the operator's index)."""
+    pods: Sequence[Mapping[str, Any]]
+    """Engine pods of this InferenceService (label kvq.dev/inferenceservice=<name>)."""
+    deployment: Mapping[str, Any] | None
+    """The live engine Deployment, if any."""
+    now: datetime
+    catalogs: Catalogs
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    log_tails: Mapping[str, str] = field(default_factory=dict)
+    """Pod name -> bounded tail of its previous container's log, when the executor fetched it."""
+
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """An Event about the InferenceService: a decision a person should see in `describe`."""
+
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to carry out; the executor decides nothing."""
+
+    apply: tuple[Manifest, ...]
+    """Desired objects in full (namespace and ownerReference set); server-side applied."""
+    delete: tuple[ObjectRef, ...]
+    """Objects kvq rendered before and no longer wants (e.g. the PDB at one replica)."""
+    status: Manifest
+    """The desired `status` (wire form); written only when it differs from the stored one."""
+    events: tuple[EventSpec, ...]
+    """Events for decisions that changed in this reconcile (none when nothing changed)."""
+    fetch_log_tails: tuple[str, ...] = ()
+    """Pods whose previous-container log the executor should read, then decide again."""
