@@ -343,10 +343,17 @@ def test_container_command_for_a_local_run_uses_the_same_arguments() -> None:
     service = isvc()
     effective = effective_settings(service, gpu(H100))
     local = container_command(
-        service, pool(H100), effective, python="/venv/bin/python", wrapper_path="/tmp/w.py"
+        service,
+        pool(H100),
+        effective,
+        python="/venv/bin/python",
+        wrapper_path="/tmp/w.py",
+        port=18013,
     )
     assert local[:3] == ["/venv/bin/python", "/tmp/w.py", "--"]
-    assert tuple(local[6:]) == engine_args(service, pool(H100), effective).args
+    assert tuple(local[6:]) == engine_args(service, pool(H100), effective, port=18013).args
+    in_pod = container(render(service))["command"]
+    assert [a for a in local[6:] if a != "18013"] == [a for a in in_pod[6:] if a != "8000"]
 
 
 def spec_hash_of(objects: list[dict[str, Any]]) -> str:

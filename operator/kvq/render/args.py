@@ -49,9 +49,16 @@ def engine_capability(effective: EffectiveSettings) -> EngineCapability:
 
 
 def engine_args(
-    isvc: InferenceService, pool: NodePool, effective: EffectiveSettings
+    isvc: InferenceService,
+    pool: NodePool,
+    effective: EffectiveSettings,
+    *,
+    port: int = ENGINE_PORT,
 ) -> RenderedArgs:
-    """The engine's arguments (model first), refusing what this engine or pool cannot run."""
+    """The engine's arguments (model first), refusing what this engine or pool cannot run.
+
+    `port` is for local runs (engine tests) that cannot bind 8000; pods always use 8000.
+    """
     capability = engine_capability(effective)
     spec = isvc.spec
     source = resolve_model_source(effective.model_uri, _revision_for(isvc, effective))
@@ -66,7 +73,7 @@ def engine_args(
     if source.revision is not None:
         add("--revision", source.revision)
     add("--served-model-name", isvc.metadata.name)
-    add("--port", str(ENGINE_PORT))
+    add("--port", str(port))
     tp = spec.placement.gpus_per_replica
     if tp > pool.gpus_per_node:
         raise RenderError(
@@ -117,10 +124,11 @@ def engine_command(
     effective: EffectiveSettings,
     *,
     python: str = "python3",
+    port: int = ENGINE_PORT,
 ) -> list[str]:
     """The engine's full command line (launcher + arguments)."""
     capability = engine_capability(effective)
-    rendered = engine_args(isvc, pool, effective)
+    rendered = engine_args(isvc, pool, effective, port=port)
     if capability.launcher == "serve":
         return ["vllm", "serve", *rendered.args]
     return [python, "-m", _API_SERVER_MODULE, *rendered.args]
@@ -133,9 +141,11 @@ def container_command(
     *,
     python: str = "python3",
     wrapper_path: str = WRAPPER_PATH,
+    port: int = ENGINE_PORT,
 ) -> list[str]:
     """The container command: the failure-evidence wrapper around the engine command."""
-    return [python, wrapper_path, "--", *engine_command(isvc, pool, effective, python=python)]
+    engine = engine_command(isvc, pool, effective, python=python, port=port)
+    return [python, wrapper_path, "--", *engine]
 
 
 def _revision_for(isvc: InferenceService, effective: EffectiveSettings) -> str | None:
