@@ -131,7 +131,10 @@ def test_static_fallback_moves_before_deploying_and_says_why() -> None:
     assert why in decision.reason
 
     # Level-triggered: once the move is recorded, the next reconcile stays put.
-    attempt = record_attempt(decision, current=Rung.REQUESTED, excerpt=why, at=T0, generation=GEN)
+    attempt = record_attempt(
+        decision, current=Rung.REQUESTED, excerpt=why, at=T0, generation=GEN, static=True
+    )
+    assert attempt.static
     assert start(requested=cannot, attempts=(attempt,), generation=GEN).next is Rung.AUTO
 
     # Exhausted stays exhausted within the generation; a new one starts afresh.

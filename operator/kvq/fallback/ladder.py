@@ -33,6 +33,8 @@ class Attempt:
     excerpt: str
     at: datetime
     generation: int
+    static: bool = False
+    """Decided before deploying, from the static verdicts, not from a failed pod."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,7 @@ def record_attempt(
     excerpt: str,
     at: datetime,
     generation: int,
+    static: bool = False,
 ) -> Attempt:
     """The status record of a ladder move, with the evidence bounded to 1 KiB."""
     return Attempt(
@@ -208,6 +211,7 @@ def record_attempt(
         excerpt=bound_excerpt(excerpt),
         at=at,
         generation=generation,
+        static=static,
     )
 
 
