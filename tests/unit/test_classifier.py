@@ -330,10 +330,12 @@ CASES = [
     Case("Evicted", EVICTED_POD, "fp8",
          FailureKind.EVICTED, False, ("evicted", "ephemeral-storage")),
     Case("killed by the startup probe", crashed_pod("", exit_code=137), "fp8",
-         FailureKind.KILLED, False, ("signal", "137")),
+         FailureKind.KILLED, False, ("stopped", "137")),
     Case("stopped through the wrapper", crashed_pod(wrapper_message(
         1, "(killed by signal 15) after signal 15 was forwarded to it", ENGINE_INIT)), "fp8",
-         FailureKind.KILLED, False, ("stopped by a signal",)),
+         FailureKind.KILLED, False, ("stopped",)),
+    Case("stopped gracefully", crashed_pod("", exit_code=0, reason="Completed"), "fp8",
+         FailureKind.KILLED, False, ("stopped", "exit code 0")),
     Case("segfault under fp8", crashed_pod(
         "engine exited with code 139 (killed by signal 11)\nno error line found; last lines:\n"
         "Segmentation fault (core dumped)", exit_code=139), "fp8",

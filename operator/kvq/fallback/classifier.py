@@ -3,7 +3,8 @@
 The rule the ladder relies on: fall back only when the evidence points at the KV
 cache dtype. A rejection the engine names is DTYPE_REJECTED. A start-up crash with a
 message we do not know, under a non-auto dtype, is DTYPE_SUSPECT: the real H200
-fp8_e5m2 crash dies in torch.compile and never names the dtype. Everything that a
+fp8_e5m2 crash dies in torch.compile with a message that never names the dtype (only
+a traceback frame does, and a short tail does not hold it). Everything that a
 different dtype cannot fix (memory, image, scheduling, configuration, a crash after
 the server was ready) is reported, never retried with another dtype.
 """
@@ -266,7 +267,9 @@ _CONFIG_REASONS = frozenset(
 )
 # The runtime could not start the command at all (bad command, exec format).
 _CANNOT_RUN_REASONS = frozenset({"ContainerCannotRun", "StartError"})
-_SIGNAL_EXIT_CODES = frozenset({137, 143})  # SIGKILL, SIGTERM: killed, did not crash
+# SIGKILL, SIGTERM, or a clean exit (a graceful stop writes no wrapper note): the
+# engine was stopped, it did not crash.
+_STOP_EXIT_CODES = frozenset({0, 137, 143})
 
 # "(Worker pid=17683) ERROR 11-30 09:49:16 [multiproc_executor.py:1063] " and friends.
 _LOG_PREFIX = re.compile(
@@ -330,11 +333,11 @@ def classify_failure(evidence: FailureEvidence, *, kv_cache_dtype: str) -> Class
         return Classification(pattern.kind, pattern.kind is _K.DTYPE_REJECTED, reason, excerpt)
 
     code = evidence.exit_code
-    if code in _SIGNAL_EXIT_CODES or _STOPPED.search(evidence.termination_message):
+    if code in _STOP_EXIT_CODES or _STOPPED.search(evidence.termination_message):
         return Classification(
             _K.KILLED,
             False,
-            f"The engine was stopped by a signal (exit code {code}) before it was ready, "
+            f"The engine was stopped (exit code {code}) before it was ready, "
             "usually by the kubelet after the startup probe ran out of time.",
             excerpt,
         )
