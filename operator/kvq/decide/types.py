@@ -52,6 +52,9 @@ class Snapshot:
     config: OperatorConfig = field(default_factory=OperatorConfig)
     log_tails: Mapping[str, str] = field(default_factory=dict)
     """Pod name -> bounded tail of its previous container's log, when the executor fetched it."""
+    owned: Sequence[Mapping[str, Any]] = ()
+    """Live objects this InferenceService controls (ConfigMap, Deployment, Service, PDB);
+    the ones kvq no longer renders are deleted."""
 
 
 EventType = Literal["Normal", "Warning"]
