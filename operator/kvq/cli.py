@@ -258,6 +258,49 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+@app.command()
+def run(
+    namespace: Annotated[
+        list[str] | None, typer.Option("--namespace", "-n", help="Watch this namespace (repeat)")
+    ] = None,
+    all_namespaces: Annotated[
+        bool, typer.Option("--all-namespaces", "-A", help="Watch every namespace")
+    ] = False,
+    peering: Annotated[
+        str | None, typer.Option(help="kopf peering object: replicas share it, one is active")
+    ] = None,
+    standalone: Annotated[bool, typer.Option(help="Run without peering")] = False,
+    interval: Annotated[
+        float, typer.Option(min=1.0, help="Seconds between reconciles of each InferenceService")
+    ] = 10.0,
+    metrics_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port of /metrics (0: off)")
+    ] = 8080,
+    liveness: Annotated[
+        str | None, typer.Option(help="Liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
+    ] = None,
+) -> None:
+    """Run the operator: reconcile InferenceServices until stopped."""
+    from kvq.handlers.operator import RunOptions
+    from kvq.handlers.operator import run as run_operator
+
+    if bool(namespace) == all_namespaces:
+        _fail("give --namespace (one or more) or --all-namespaces")
+    if peering and standalone:
+        _fail("--peering and --standalone exclude each other")
+    run_operator(
+        RunOptions(
+            namespaces=tuple(namespace or ()),
+            all_namespaces=all_namespaces,
+            peering=peering,
+            standalone=standalone,
+            interval=interval,
+            metrics_port=metrics_port,
+            liveness=liveness,
+        )
+    )
+
+
 def main() -> None:
     app()
 

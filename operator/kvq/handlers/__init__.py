@@ -1,1 +1,1 @@
-"""kvq.handlers"""
+"""Thin kopf glue: indices, one reconcile(), and the registry `kvq run` starts."""

@@ -1,1 +1,1 @@
-"""kvq.k8s"""
+"""The only code that talks to the API server: apply, delete, status, events, log tails."""

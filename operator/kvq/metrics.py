@@ -1,0 +1,52 @@
+"""The operator's own Prometheus metrics (served by `kvq run --metrics-port`).
+
+`kvq_writes_total` counts real writes only (dry-runs and reads are not writes), so a test
+or a dashboard can prove that a reconcile with nothing changed writes nothing.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+RECONCILES = Counter(
+    "kvq_reconciles",
+    "Reconciles of an InferenceService, by result (ok, invalid, conflict, error).",
+    ["result"],
+)
+RECONCILE_ERRORS = Counter(
+    "kvq_reconcile_errors",
+    "Reconciles that raised an unexpected error (kopf retries them).",
+)
+FALLBACKS = Counter(
+    "kvq_fallbacks",
+    "Fallback decisions carried out, by Event reason (Fallback...).",
+    ["reason"],
+)
+DECISION_SECONDS = Histogram(
+    "kvq_decision_seconds",
+    "Time spent in the pure decide() function.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+WRITES = Counter(
+    "kvq_writes",
+    "Writes kvq made to the API server, by object kind and verb (apply, delete, status, create).",
+    ["kind", "verb"],
+)
+
+FALLBACK_REASON_PREFIX = "Fallback"
+
+
+def count_write(kind: str, verb: str) -> None:
+    WRITES.labels(kind=kind, verb=verb).inc()
+
+
+def count_event(reason: str) -> None:
+    """Every fallback Event carried out is one fallback, counted under its reason."""
+    if reason.startswith(FALLBACK_REASON_PREFIX):
+        FALLBACKS.labels(reason=reason).inc()
+
+
+def serve_metrics(port: int, address: str = "0.0.0.0") -> None:
+    """Serve /metrics on `port` from a daemon thread (0 disables it)."""
+    if port:
+        start_http_server(port, addr=address)
