@@ -89,7 +89,3 @@ def test_short_name_category_and_columns(crd: Kube, namespace: str) -> None:
     )
     # The server filled in the documented defaults the file left out.
     assert stored["spec"]["kvCache"]["calculateScales"] is False
-    assert (
-        stored["spec"]["placement"]["tolerations"] == []
-        or "tolerations" not in stored["spec"]["placement"]
-    )
