@@ -1,0 +1,346 @@
+"""The executor against the real API server: apply, zero-write steady state, status, GC.
+
+Plans here are built by hand (the executor decides nothing, so any plan will do); one test
+runs the whole reconcile() without kopf to see a stale read become a retry.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from kvq.api import keys
+from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.catalog.engines import load_engine_catalog
+from kvq.catalog.gpus import load_gpu_catalog
+from kvq.catalog.models import load_model_catalog
+from kvq.decide.types import Catalogs, EventSpec, ObjectRef, OperatorConfig, Plan
+from kvq.devcluster.clients import Kube
+from kvq.devcluster.waits import wait_for_deletion, wait_until
+from kvq.handlers.reconcile import Observed, Runtime, reconcile
+from kvq.k8s.clients import Clients
+from kvq.k8s.executor import execute
+from kvq.k8s.status import StatusConflictError
+from tests.cluster.operator_support import (
+    create_isvc,
+    inference_service,
+    install_kvq_crd,
+    read_isvc,
+    writes_so_far,
+)
+
+pytestmark = pytest.mark.cluster
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+NAME = "llama"
+
+
+@pytest.fixture(scope="module")
+def crd(kube: Kube) -> None:
+    install_kvq_crd(kube)
+
+
+@pytest.fixture
+def clients(kube: Kube) -> Iterator[Clients]:
+    yield Clients(kube.api)
+
+
+@pytest.fixture
+def isvc(kube: Kube, namespace: str, crd: None) -> dict[str, Any]:
+    return create_isvc(kube, namespace, inference_service(NAME))
+
+
+def labels() -> dict[str, str]:
+    return {
+        keys.LABEL_MANAGED_BY: keys.MANAGED_BY_VALUE,
+        keys.LABEL_INFERENCESERVICE: NAME,
+        keys.LABEL_NAME: keys.NAME_VALUE,
+    }
+
+
+def owned_metadata(isvc: dict[str, Any], name: str) -> dict[str, Any]:
+    meta = isvc["metadata"]
+    return {
+        "name": name,
+        "namespace": meta["namespace"],
+        "labels": labels(),
+        "ownerReferences": [
+            {
+                "apiVersion": isvc["apiVersion"],
+                "kind": isvc["kind"],
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def hand_plan(
+    isvc: dict[str, Any],
+    *,
+    spec_hash: str = "h1",
+    ready: str = "False",
+    events: tuple[EventSpec, ...] = (),
+    delete: tuple[ObjectRef, ...] = (),
+) -> Plan:
+    """A ConfigMap and a Deployment (on the L4 pool), and a status: what decide() returns."""
+    selector = {keys.LABEL_INFERENCESERVICE: NAME, keys.LABEL_NAME: keys.NAME_VALUE}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": owned_metadata(isvc, NAME),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {
+                    "labels": labels(),
+                    "annotations": {keys.ANNOTATION_SPEC_HASH: spec_hash},
+                },
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "registry.invalid/vllm/vllm-openai:v0.26.0",
+                            "args": ["--kv-cache-dtype", "fp8", "--spec-hash", spec_hash],
+                            "resources": {"limits": {keys.GPU_RESOURCE: "1"}},
+                        }
+                    ],
+                    "nodeSelector": {keys.GFD_PRODUCT_LABEL: "NVIDIA-L4"},
+                    "tolerations": [
+                        {"key": keys.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                },
+            },
+        },
+    }
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": owned_metadata(isvc, f"{NAME}-kvq-evidence"),
+        "data": {"wrapper.sh": '#!/bin/sh\nexec "$@"\n'},
+    }
+    status = {
+        "observedGeneration": 1,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": ready,
+                "reason": "Available" if ready == "True" else "Progressing",
+                "message": "test",
+                "lastTransitionTime": "2026-11-30T12:00:00Z",
+                "observedGeneration": 1,
+            }
+        ],
+    }
+    return Plan(apply=(config_map, deployment), delete=delete, status=status, events=events)
+
+
+def deployment(kube: Kube, namespace: str) -> k8s.V1Deployment:
+    return kube.apps.read_namespaced_deployment(NAME, namespace)
+
+
+def test_apply_creates_the_objects_owned_by_the_inference_service(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    before = writes_so_far()
+
+    outcome = execute(clients, hand_plan(isvc), isvc, NOW)
+
+    assert outcome.applied == ("ConfigMap/llama-kvq-evidence", "Deployment/llama")
+    assert outcome.status_written
+    assert writes_so_far() - before == 3
+    for obj in (
+        deployment(kube, namespace),
+        kube.core.read_namespaced_config_map(f"{NAME}-kvq-evidence", namespace),
+    ):
+        (owner,) = obj.metadata.owner_references
+        assert (owner.kind, owner.uid, owner.controller) == (
+            "InferenceService",
+            isvc["metadata"]["uid"],
+            True,
+        )
+        fields = {m.manager for m in obj.metadata.managed_fields}
+        assert keys.FIELD_MANAGER in fields
+    stored = read_isvc(kube, namespace, NAME)
+    assert stored["status"]["conditions"][0]["reason"] == "Progressing"
+
+
+def test_the_same_plan_again_writes_nothing(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    plan = hand_plan(isvc)
+    execute(clients, plan, isvc, NOW)
+    # The controllers fill in the Deployment's status and revision: not kvq's to undo.
+    wait_until(
+        lambda: deployment(kube, namespace).status.observed_generation,
+        what="the Deployment controller to observe the Deployment",
+    )
+    versions = {
+        "deployment": deployment(kube, namespace).metadata.resource_version,
+        "configmap": kube.core.read_namespaced_config_map(
+            f"{NAME}-kvq-evidence", namespace
+        ).metadata.resource_version,
+    }
+    fresh = read_isvc(kube, namespace, NAME)
+    before = writes_so_far()
+
+    again = execute(clients, plan, fresh, NOW)
+
+    assert again.writes == 0
+    assert again.unchanged == ("ConfigMap/llama-kvq-evidence", "Deployment/llama")
+    assert writes_so_far() == before
+    assert deployment(kube, namespace).metadata.resource_version == versions["deployment"]
+    assert (
+        kube.core.read_namespaced_config_map(
+            f"{NAME}-kvq-evidence", namespace
+        ).metadata.resource_version
+        == versions["configmap"]
+    )
+    assert (
+        read_isvc(kube, namespace, NAME)["metadata"]["resourceVersion"]
+        == (fresh["metadata"]["resourceVersion"])
+    )
+
+
+def test_a_changed_plan_updates_the_deployment_in_place(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    execute(clients, hand_plan(isvc, spec_hash="h1"), isvc, NOW)
+    first = deployment(kube, namespace)
+
+    outcome = execute(
+        clients, hand_plan(isvc, spec_hash="h2"), read_isvc(kube, namespace, NAME), NOW
+    )
+
+    second = deployment(kube, namespace)
+    assert outcome.applied == ("Deployment/llama",)
+    assert second.metadata.uid == first.metadata.uid
+    assert second.metadata.generation == first.metadata.generation + 1
+    annotations = second.spec.template.metadata.annotations
+    assert annotations[keys.ANNOTATION_SPEC_HASH] == "h2"
+    assert second.spec.template.spec.containers[0].args[-1] == "h2"
+
+
+def test_a_field_someone_else_changed_is_taken_back(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    plan = hand_plan(isvc)
+    execute(clients, plan, isvc, NOW)
+    kube.apps.patch_namespaced_deployment_scale(NAME, namespace, {"spec": {"replicas": 3}})
+
+    outcome = execute(clients, plan, read_isvc(kube, namespace, NAME), NOW)
+
+    assert outcome.applied == ("Deployment/llama",)
+    assert deployment(kube, namespace).spec.replicas == 1
+
+
+def test_status_is_written_once_and_not_rewritten_when_equal(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    execute(clients, hand_plan(isvc, ready="True"), isvc, NOW)
+    stored = read_isvc(kube, namespace, NAME)
+
+    again = execute(clients, hand_plan(isvc, ready="True"), stored, NOW)
+
+    assert not again.status_written
+    after = read_isvc(kube, namespace, NAME)
+    assert after["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
+    assert after["status"]["conditions"][0]["status"] == "True"
+
+
+def test_status_from_a_stale_read_is_a_conflict_not_an_overwrite(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    stale = copy.deepcopy(isvc)
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, NAME, {"metadata": {"labels": {"team": "a"}}}
+    )
+
+    with pytest.raises(StatusConflictError):
+        execute(clients, hand_plan(isvc), stale, NOW)
+
+    assert not read_isvc(kube, namespace, NAME).get("status")
+
+
+def test_reconcile_turns_a_conflict_into_a_retry_and_then_converges(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    runtime = Runtime(
+        catalogs=Catalogs(load_gpu_catalog(), load_engine_catalog(), load_model_catalog()),
+        config=OperatorConfig(),
+        clients=clients,
+    )
+    nodes = [kube.api.sanitize_for_serialization(n) for n in kube.core.list_node().items]
+    observed = Observed(nodes={n["metadata"]["name"]: [n] for n in nodes}, pods={}, owned=[])
+    stale = copy.deepcopy(isvc)
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, NAME, {"metadata": {"labels": {"team": "a"}}}
+    )
+
+    with pytest.raises(kopf.TemporaryError):
+        reconcile(runtime, stale, observed)
+    outcome = reconcile(runtime, read_isvc(kube, namespace, NAME), observed)
+
+    assert outcome is not None and outcome.status_written
+    assert "Deployment/llama" in outcome.applied
+    placed = {c["type"]: c for c in read_isvc(kube, namespace, NAME)["status"]["conditions"]}
+    assert placed["Placed"]["status"] == "True"
+
+
+def test_events_are_posted_about_the_inference_service(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    event = EventSpec("Warning", "FallbackToAuto", "fp8 rejected by the engine; serving auto")
+
+    execute(clients, hand_plan(isvc, events=(event,)), isvc, NOW)
+
+    selector = f"involvedObject.uid={isvc['metadata']['uid']}"
+    posted = kube.core.list_namespaced_event(namespace, field_selector=selector).items
+    assert [(e.type, e.reason, e.message) for e in posted] == [
+        ("Warning", "FallbackToAuto", "fp8 rejected by the engine; serving auto")
+    ]
+
+
+def test_delete_removes_kvq_objects_only(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    ours = {"metadata": owned_metadata(isvc, "ours"), "data": {}}
+    theirs = {"metadata": {"name": "theirs"}, "data": {}}
+    for body in (ours, theirs):
+        kube.core.create_namespaced_config_map(namespace, body)
+    refs = tuple(ObjectRef("v1", "ConfigMap", namespace, n) for n in ("ours", "theirs", "gone"))
+
+    outcome = execute(clients, hand_plan(isvc, delete=refs), isvc, NOW)
+
+    assert outcome.deleted == ("ConfigMap/ours",)
+    wait_for_deletion(
+        lambda: kube.core.read_namespaced_config_map("ours", namespace), what="ours deleted"
+    )
+    assert kube.core.read_namespaced_config_map("theirs", namespace).metadata.name == "theirs"
+
+
+def test_deleting_the_inference_service_collects_its_children(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    execute(clients, hand_plan(isvc), isvc, NOW)
+
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
+
+    for read in (
+        lambda: deployment(kube, namespace),
+        lambda: kube.core.read_namespaced_config_map(f"{NAME}-kvq-evidence", namespace),
+    ):
+        wait_for_deletion(read, what="the garbage collector to delete a child")
+    with pytest.raises(ApiException) as gone:
+        read_isvc(kube, namespace, NAME)
+    assert gone.value.status == 404
