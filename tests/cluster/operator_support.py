@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvq.api.crd import crd_manifest
 from kvq.api.models import GROUP, PLURAL, VERSION
 from kvq.devcluster.clients import Kube
+from kvq.devcluster.ports import allocate_ports
 from kvq.devcluster.waits import wait_until
 
 
@@ -74,3 +82,80 @@ def writes_so_far() -> float:
         if metric.name == "kvq_writes":
             total += sum(s.value for s in metric.samples if s.name == "kvq_writes_total")
     return total
+
+
+class OperatorProcess:
+    """`kvq run --standalone` as a subprocess against the test cluster, watching one namespace."""
+
+    def __init__(
+        self, kubeconfig: str, namespace: str, log_path: Path, interval: float = 1.0
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log_path = log_path
+        self.interval = interval
+        self.metrics_port = allocate_ports(["metrics"])["metrics"]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        argv = [
+            *(sys.executable, "-m", "kvq.cli", "run", "--standalone"),
+            *("--namespace", self.namespace),
+            *("--interval", str(self.interval)),
+            *("--metrics-port", str(self.metrics_port)),
+        ]
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        wait_until(
+            self._serving, what="the operator's /metrics", timeout=60, describe=self.log_tail
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, exactly like a node dying under the operator."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+            self.process = None
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def sample(self, name: str, **labels: str) -> float:
+        """A sample's value from /metrics summed over the labels not given (0 if absent)."""
+        text = self._scrape()
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    total += sample.value
+        return total
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.is_file():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _serving(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise AssertionError(f"the operator exited:\n{self.log_tail()}")
+        try:
+            self._scrape()
+        except OSError:
+            return False
+        return True
+
+    def _scrape(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())

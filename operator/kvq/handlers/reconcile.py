@@ -22,6 +22,7 @@ from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.executor import Outcome, execute
 from kvq.k8s.logs import read_log_tails
+from kvq.k8s.reads import read_inference_service
 from kvq.k8s.status import StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 
@@ -60,13 +61,22 @@ class Observed:
 def reconcile(
     runtime: Runtime, body: Mapping[str, Any], observed: Observed, now: datetime | None = None
 ) -> Outcome | None:
-    """Converge one InferenceService; None when its spec could not be read."""
+    """Converge one InferenceService; None when its spec could not be read.
+
+    kopf's body can lag behind a status this operator just wrote (a timer and a change
+    handler in a row): a conflict re-reads the object and decides once more before kopf is
+    asked to retry.
+    """
     now = now or datetime.now(UTC)
     raw = plain(body)
     meta = raw["metadata"]
     with runtime.lock_for(meta["uid"]):
         try:
-            outcome = _reconcile_valid(runtime, raw, observed, now)
+            try:
+                outcome = _reconcile_valid(runtime, raw, observed, now)
+            except StatusConflictError:
+                raw = read_inference_service(runtime.clients, meta["namespace"], meta["name"])
+                outcome = _reconcile_valid(runtime, raw, observed, now)
         except InvalidInferenceServiceError as invalid:
             _report_invalid(runtime, raw, invalid, now)
             RECONCILES.labels(result="invalid").inc()

@@ -1,0 +1,177 @@
+"""`kvq run` end to end: an InferenceService becomes Ready on a KWOK GPU node, the steady
+state writes nothing, and a killed operator restarted converges without duplicates."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvq.api import keys
+from kvq.devcluster.binaries import locate_binaries
+from kvq.devcluster.clients import Kube
+from kvq.devcluster.waits import wait_until
+from tests.cluster.operator_support import (
+    OperatorProcess,
+    create_isvc,
+    inference_service,
+    install_kvq_crd,
+    read_isvc,
+)
+
+pytestmark = pytest.mark.cluster
+
+NAME = "llama"
+READY_TIMEOUT = 120
+MANAGED = f"{keys.LABEL_MANAGED_BY}={keys.MANAGED_BY_VALUE}"
+
+
+@pytest.fixture(scope="module")
+def crd(kube: Kube) -> None:
+    install_kvq_crd(kube)
+
+
+@pytest.fixture
+def operator(kube: Kube, namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(kube.state.kubeconfig, namespace, tmp_path / "operator.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def kubectl_wait_ready(kube: Kube, namespace: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(locate_binaries().kubectl),
+            f"--kubeconfig={kube.state.kubeconfig}",
+            f"--namespace={namespace}",
+            "wait",
+            "--for=condition=Ready",
+            f"kis/{NAME}",
+            f"--timeout={READY_TIMEOUT}s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=READY_TIMEOUT + 30,
+        check=False,
+    )
+
+
+def conditions(kube: Kube, namespace: str) -> dict[str, Any]:
+    status = read_isvc(kube, namespace, NAME).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+def managed_objects(kube: Kube, namespace: str) -> dict[str, list[str]]:
+    return {
+        "Deployment": [
+            d.metadata.name
+            for d in kube.apps.list_namespaced_deployment(namespace, label_selector=MANAGED).items
+        ],
+        "ReplicaSet": [
+            r.metadata.name
+            for r in kube.apps.list_namespaced_replica_set(namespace, label_selector=MANAGED).items
+        ],
+        "Service": [
+            s.metadata.name
+            for s in kube.core.list_namespaced_service(namespace, label_selector=MANAGED).items
+        ],
+        "ConfigMap": [
+            c.metadata.name
+            for c in kube.core.list_namespaced_config_map(namespace, label_selector=MANAGED).items
+        ],
+        "Pod": [
+            p.metadata.name
+            for p in kube.core.list_namespaced_pod(namespace, label_selector=MANAGED).items
+        ],
+    }
+
+
+def test_an_inference_service_becomes_ready_on_a_gpu_node(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    began = time.monotonic()
+    create_isvc(kube, namespace, inference_service(NAME))
+
+    waited = kubectl_wait_ready(kube, namespace)
+
+    assert waited.returncode == 0, f"{waited.stdout}{waited.stderr}\n{operator.log_tail()}"
+    print(f"\ncreate -> Ready (kubectl wait): {time.monotonic() - began:.1f} s")
+    status = read_isvc(kube, namespace, NAME)["status"]
+    assert status["effective"]["kvCacheDtype"] == "fp8"
+    assert status["readyReplicas"] == 1
+    (pod,) = kube.core.list_namespaced_pod(namespace, label_selector=MANAGED).items
+    node = kube.core.read_node(pod.spec.node_name)
+    assert status["placement"]["pool"] in node.metadata.labels.values()
+
+
+def test_at_steady_state_reconciles_write_nothing(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    create_isvc(kube, namespace, inference_service(NAME))
+    assert kubectl_wait_ready(kube, namespace).returncode == 0, operator.log_tail()
+    # Ready is written in the same pass that saw the pod ready; one more pass settles.
+    settled = operator.sample("kvq_reconciles_total", result="ok") + 2
+    wait_until(
+        lambda: operator.sample("kvq_reconciles_total", result="ok") >= settled,
+        what="two more reconciles",
+        timeout=30,
+    )
+    writes = operator.sample("kvq_writes_total")
+    reconciles = operator.sample("kvq_reconciles_total", result="ok")
+    isvc_version = read_isvc(kube, namespace, NAME)["metadata"]["resourceVersion"]
+    deployment_version = kube.apps.read_namespaced_deployment(
+        NAME, namespace
+    ).metadata.resource_version
+
+    wait_until(
+        lambda: operator.sample("kvq_reconciles_total", result="ok") >= reconciles + 5,
+        what="five timer reconciles",
+        timeout=30,
+    )
+
+    assert operator.sample("kvq_writes_total") == writes, operator.log_tail()
+    assert read_isvc(kube, namespace, NAME)["metadata"]["resourceVersion"] == isvc_version
+    assert (
+        kube.apps.read_namespaced_deployment(NAME, namespace).metadata.resource_version
+        == deployment_version
+    )
+    decisions = operator.sample("kvq_decision_seconds_count")
+    seconds = operator.sample("kvq_decision_seconds_sum")
+    print(
+        f"\nsteady state: {writes:.0f} writes in total, 0 in the last 5 reconciles; "
+        f"decide() mean {1000 * seconds / decisions:.2f} ms over {decisions:.0f} decisions"
+    )
+
+
+def test_a_killed_operator_restarted_converges_without_duplicates(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    create_isvc(kube, namespace, inference_service(NAME))
+    # Kill it as soon as its first object lands: the same pass has more to write.
+    wait_until(
+        lambda: managed_objects(kube, namespace)["ConfigMap"],
+        what="the operator's first write",
+        timeout=60,
+        interval=0.02,
+        describe=operator.log_tail,
+    )
+    operator.kill()
+
+    operator.start()
+    waited = kubectl_wait_ready(kube, namespace)
+
+    assert waited.returncode == 0, f"{waited.stderr}\n{operator.log_tail()}"
+    objects = managed_objects(kube, namespace)
+    assert objects["Deployment"] == [NAME]
+    assert objects["Service"] == [NAME]
+    assert objects["ConfigMap"] == [f"{NAME}-kvq-evidence"]
+    assert len(objects["ReplicaSet"]) == 1
+    assert len(objects["Pod"]) == 1
+    assert conditions(kube, namespace)["Ready"]["status"] == "True"
