@@ -22,13 +22,24 @@ from kvq.devcluster.ports import allocate_ports
 from kvq.devcluster.waits import wait_until
 
 
+def apply_object(kube: Kube, body: dict[str, Any]) -> None:
+    """Server-side apply as the tests' own field manager (not counted as kvq's writes)."""
+    dynamic = DynamicClient(kube.api)
+    resource = dynamic.resources.get(api_version=body["apiVersion"], kind=body["kind"])
+    dynamic.server_side_apply(
+        resource,
+        body=body,
+        namespace=body["metadata"].get("namespace"),
+        field_manager="kvq-tests",
+        force_conflicts=True,
+    )
+
+
 def install_kvq_crd(kube: Kube) -> None:
     """Server-side apply the committed-schema CRD (idempotent) and wait until it is served."""
     body = crd_manifest()
     name = body["metadata"]["name"]
-    dynamic = DynamicClient(kube.api)
-    crds = dynamic.resources.get(api_version="apiextensions.k8s.io/v1", kind=body["kind"])
-    dynamic.server_side_apply(crds, body=body, field_manager="kvq-tests", force_conflicts=True)
+    apply_object(kube, body)
 
     def established() -> bool:
         crd = kube.extensions.read_custom_resource_definition(name)
@@ -85,11 +96,20 @@ def writes_so_far() -> float:
 
 
 class OperatorProcess:
-    """`kvq run --standalone` as a subprocess against the test cluster, watching one namespace."""
+    """`kvq run` as a subprocess against the test cluster, watching one namespace.
+
+    Standalone unless `peering` names a KopfPeering object in that namespace.
+    """
 
     def __init__(
-        self, kubeconfig: str, namespace: str, log_path: Path, interval: float = 1.0
+        self,
+        kubeconfig: str,
+        namespace: str,
+        log_path: Path,
+        interval: float = 1.0,
+        peering: str | None = None,
     ) -> None:
+        self.peering = peering
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log_path
@@ -99,7 +119,8 @@ class OperatorProcess:
 
     def start(self) -> None:
         argv = [
-            *(sys.executable, "-m", "kvq.cli", "run", "--standalone"),
+            *(sys.executable, "-m", "kvq.cli", "run"),
+            *(("--peering", self.peering) if self.peering else ("--standalone",)),
             *("--namespace", self.namespace),
             *("--interval", str(self.interval)),
             *("--metrics-port", str(self.metrics_port)),

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from kvq.api import keys
+from kvq.api.models import GROUP, PLURAL, VERSION
 from kvq.devcluster.binaries import locate_binaries
 from kvq.devcluster.clients import Kube
 from kvq.devcluster.waits import wait_until
@@ -42,6 +43,20 @@ def operator(kube: Kube, namespace: str, crd: None, tmp_path: Path) -> Iterator[
     try:
         yield process
     finally:
+        # While it runs, the operator lifts its finalizer: delete before stopping it.
+        if process.process is None:
+            process.start()
+        kube.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        wait_until(
+            lambda: (
+                not kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
+                    "items"
+                ]
+            ),
+            what="InferenceServices deleted",
+            timeout=60,
+            describe=process.log_tail,
+        )
         process.stop()
 
 

@@ -48,6 +48,8 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     # Status is kvq's API: kopf keeps its bookkeeping in annotations, never in status.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=keys.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=keys.GROUP)
+    # kopf blocks deletion while a timer runs on the object; the marker is kvq's own key.
+    settings.persistence.finalizer = keys.FINALIZER
     memo.runtime = Runtime(
         catalogs=Catalogs(
             gpus=load_gpu_catalog(),

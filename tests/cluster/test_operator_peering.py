@@ -1,0 +1,101 @@
+"""Two `kvq run` replicas sharing a kopf peering object: exactly one of them reconciles."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.devcluster.clients import Kube
+from kvq.devcluster.waits import wait_until
+from kvq.k8s import peering
+from tests.cluster.operator_support import (
+    OperatorProcess,
+    apply_object,
+    create_isvc,
+    inference_service,
+    install_kvq_crd,
+    read_isvc,
+)
+
+pytestmark = pytest.mark.cluster
+
+PEERING = "kvq"
+NAME = "llama"
+
+
+@pytest.fixture
+def replicas(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[list[OperatorProcess]]:
+    install_kvq_crd(kube)
+    for crd in peering.peering_crds():
+        apply_object(kube, crd)
+
+    def created() -> bool:
+        # A fresh client each time: discovery must see the CRD that was just installed.
+        apply_object(kube, peering.peering_object(PEERING, namespace))
+        return True
+
+    wait_until(created, what="the KopfPeering object", timeout=30, retry_on=(Exception,))
+    processes = [
+        OperatorProcess(
+            kube.state.kubeconfig, namespace, tmp_path / f"replica-{i}.log", peering=PEERING
+        )
+        for i in range(2)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        yield processes
+    finally:
+        kube.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        wait_until(
+            lambda: (
+                not kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
+                    "items"
+                ]
+            ),
+            what="InferenceServices deleted",
+            timeout=60,
+        )
+        for process in processes:
+            process.stop()
+
+
+def live_peers(kube: Kube, namespace: str) -> dict[str, object]:
+    found = kube.custom.get_namespaced_custom_object(
+        peering.GROUP, peering.VERSION, namespace, "kopfpeerings", PEERING
+    )
+    return dict(found.get("status") or {})
+
+
+def test_two_replicas_one_reconciles(
+    kube: Kube, namespace: str, replicas: list[OperatorProcess]
+) -> None:
+    wait_until(
+        lambda: len(live_peers(kube, namespace)) == 2,
+        what="both replicas in the peering object",
+        timeout=60,
+        describe=lambda: "\n".join(p.log_tail() for p in replicas),
+    )
+    create_isvc(kube, namespace, inference_service(NAME))
+
+    def ready() -> bool:
+        status = read_isvc(kube, namespace, NAME).get("status") or {}
+        return any(
+            c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+        )
+
+    wait_until(ready, what="Ready", timeout=120, describe=replicas[0].log_tail)
+    counts = [p.sample("kvq_reconciles_total") for p in replicas]
+    wait_until(
+        lambda: sum(p.sample("kvq_reconciles_total") for p in replicas) >= sum(counts) + 3,
+        what="three more reconciles",
+        timeout=30,
+    )
+
+    active = [p for p in replicas if p.sample("kvq_reconciles_total") > 0]
+    assert len(active) == 1, [p.sample("kvq_reconciles_total") for p in replicas]
+    priorities = {peer["priority"] for peer in live_peers(kube, namespace).values()}  # type: ignore[index]
+    assert len(priorities) == 2
