@@ -28,6 +28,8 @@ MANAGED_FLAGS = (
     "--max-model-len",
     "--max-num-seqs",
     "--tensor-parallel-size",
+    "-tp",
+    "--kv-cache-memory-bytes",
     "--quantization",
     "--calculate-kv-scales",
     "--served-model-name",

@@ -21,12 +21,6 @@ WRAPPER_FILE = "evidence_wrapper.py"
 WRAPPER_PATH = f"{WRAPPER_DIR}/{WRAPPER_FILE}"
 _API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
-# Flags that would fight what kvq renders, beyond the ones the CRD already refuses:
-# the short form of --tensor-parallel-size, and a KV budget that overrides the
-# utilization the planner counted with.
-_ALSO_MANAGED = ("-tp", "--kv-cache-memory-bytes")
-
-
 @dataclass(frozen=True)
 class DroppedFlag:
     """A spec setting not rendered because this engine lacks it (reported in status)."""
@@ -202,7 +196,8 @@ def _calculate_scales(
 
 
 def _checked_extra_args(extra: list[str], *, managed_load_format: bool) -> list[str]:
-    managed = {*MANAGED_FLAGS, *_ALSO_MANAGED}
+    # The CRD refuses MANAGED_FLAGS already; checked again for objects rendered offline.
+    managed = set(MANAGED_FLAGS)
     if managed_load_format:
         managed.add("--load-format")
     clashes = sorted({a.split("=", 1)[0] for a in extra} & managed)
