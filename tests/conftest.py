@@ -1,1 +1,80 @@
-"""Shared pytest configuration."""
+"""Shared pytest configuration and the local control plane fixtures.
+
+Tests marked `cluster` ask for `kube` (or `namespace`, `viewer`): the first such test starts
+one cluster for the whole session (building the pinned binaries if they are not cached), and
+the session's end stops it. Tests that ask for none of these never start anything.
+
+Environment: KVQ_TEST_PROFILE picks the cluster profile (default hetero);
+KVQ_TEST_CLUSTER names the run dir (default derived from this checkout's path, so a
+developer's and CI's clusters never share state).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from kvq.devcluster import cluster
+from kvq.devcluster.clients import Kube, api_client, close_client
+from kvq.devcluster.waits import wait_until
+
+CLUSTER_START_TIMEOUT = 300.0
+
+
+def _session_cluster_name() -> str:
+    checkout = str(Path(__file__).resolve().parents[1])
+    return os.environ.get(
+        "KVQ_TEST_CLUSTER", "pytest-" + hashlib.sha256(checkout.encode()).hexdigest()[:8]
+    )
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[Kube]:
+    name = _session_cluster_name()
+    state = cluster.up(
+        name=name,
+        profile=os.environ.get("KVQ_TEST_PROFILE", "hetero"),
+        timeout=CLUSTER_START_TIMEOUT,
+    )
+    api = api_client(state.kubeconfig)
+    try:
+        yield Kube(state, api)
+    finally:
+        close_client(api)
+        cluster.down(name)
+
+
+@pytest.fixture(scope="session")
+def viewer(kube: Kube) -> Iterator[k8s.ApiClient]:
+    """API client of the non-admin identity (user kvq-dev-viewer, no RBAC bindings)."""
+    api = api_client(kube.state.viewer_kubeconfig)
+    try:
+        yield api
+    finally:
+        close_client(api)
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, usable for pods (its default ServiceAccount exists)."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:6]}"
+    core = kube.core
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+
+    def has_default_account() -> Any:
+        return core.list_namespaced_service_account(name).items
+
+    wait_until(has_default_account, what=f"default ServiceAccount in {name}", timeout=30)
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)

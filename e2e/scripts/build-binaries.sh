@@ -22,11 +22,17 @@ build_date=2026-01-01T00:00:00Z
 
 log() { echo "[build-binaries] $*" >&2; }
 
-# wrapper_module DIR: a throwaway module that only requires what we build.
+# wrapper_module NAME: a throwaway module (unique per run) that only requires what we build.
 wrapper_module() {
-  rm -rf "$1"
-  mkdir -p "$1"
-  (cd "$1" && go mod init kvq.local/build >/dev/null 2>&1)
+  w=$(mktemp -d "$work_root/$1.XXXXXX")
+  (cd "$w" && go mod init kvq.local/build >/dev/null 2>&1)
+}
+
+# One build of a component at a time, whoever starts it (make, pytest, a developer); a
+# waiter finds the binaries in place once the lock is free.
+lock_component() {
+  exec {lock_fd}>"$work_root/$1.lock"
+  flock "$lock_fd"
 }
 
 # install_into DEST_DIR BIN...: move freshly built binaries into place atomically.
@@ -38,6 +44,7 @@ install_into() {
   for b in "$@"; do mv "$b" "$tmp/"; done
   rm -rf "$dest"
   mv "$tmp" "$dest"
+  rm -rf "$w"
 }
 
 have_all() {
@@ -50,8 +57,8 @@ build_kubernetes() {
   local v=$KUBERNETES_VERSION dest="$bin_root/kubernetes-$KUBERNETES_VERSION"
   local bins=(kube-apiserver kube-controller-manager kube-scheduler)
   if have_all "$dest" "${bins[@]}"; then log "kubernetes $v cached"; return; fi
-  local w="$work_root/kubernetes-$v" staging=v0.${v#v1.}
-  wrapper_module "$w"
+  local staging=v0.${v#v1.}
+  wrapper_module "kubernetes-$v"
   cd "$w"
   go mod download -json "k8s.io/kubernetes@$v" >kube.json
   local gomod
@@ -80,8 +87,7 @@ build_kubernetes() {
 build_etcd() {
   local v=$ETCD_VERSION dest="$bin_root/etcd-$ETCD_VERSION"
   if have_all "$dest" etcd; then log "etcd $v cached"; return; fi
-  local w="$work_root/etcd-$v"
-  wrapper_module "$w"
+  wrapper_module "etcd-$v"
   cd "$w"
   go mod edit -require "go.etcd.io/etcd/server/v3@$v"
   log "building etcd $v"
@@ -93,8 +99,7 @@ build_etcd() {
 build_kwok() {
   local v=$KWOK_VERSION dest="$bin_root/kwok-$KWOK_VERSION"
   if have_all "$dest" kwok; then log "kwok $v cached"; return; fi
-  local w="$work_root/kwok-$v"
-  wrapper_module "$w"
+  wrapper_module "kwok-$v"
   cd "$w"
   go mod edit -require "sigs.k8s.io/kwok@$v"
   log "building kwok $v"
@@ -106,8 +111,7 @@ build_kwok() {
 build_helm() {
   local v=$HELM_VERSION dest="$bin_root/helm-$HELM_VERSION"
   if have_all "$dest" helm; then log "helm $v cached"; return; fi
-  local w="$work_root/helm-$v"
-  wrapper_module "$w"
+  wrapper_module "helm-$v"
   cd "$w"
   go mod edit -require "helm.sh/helm/v3@$v"
   log "building helm $v"
@@ -121,6 +125,8 @@ components=("$@")
 mkdir -p "$bin_root" "$work_root"
 for c in "${components[@]}"; do
   start=$(date +%s)
-  "build_$c"
+  lock_component "$c"
+  ( "build_$c" )
+  exec {lock_fd}>&-
   log "$c done in $(($(date +%s) - start)) s"
 done

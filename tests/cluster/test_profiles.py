@@ -1,0 +1,59 @@
+"""Cluster profiles are valid data with the labels placement code reads (no cluster needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvq.devcluster.profiles import load_profile, node_manifests
+
+GFD_KEYS = [
+    "nvidia.com/gpu.product",
+    "nvidia.com/gpu.memory",
+    "nvidia.com/gpu.family",
+    "nvidia.com/gpu.compute.major",
+    "nvidia.com/gpu.compute.minor",
+    "nvidia.com/gpu.count",
+]
+
+
+@pytest.mark.parametrize(
+    ("profile", "products"),
+    [
+        (
+            "hetero",
+            {
+                "Tesla-T4",
+                "NVIDIA-A100-SXM4-80GB",
+                "NVIDIA-L4",
+                "NVIDIA-H100-80GB-HBM3",
+                "NVIDIA-H200",
+                "NVIDIA-B200",
+            },
+        ),
+        ("legacy", {"Tesla-T4", "Tesla-V100-SXM2-16GB"}),
+        ("single", {"NVIDIA-H100-80GB-HBM3"}),
+    ],
+)
+def test_profile_has_the_gpu_products(profile: str, products: set[str]) -> None:
+    nodes = node_manifests(load_profile(profile))
+
+    assert {n["metadata"]["labels"]["nvidia.com/gpu.product"] for n in nodes} == products
+
+
+@pytest.mark.parametrize("profile", ["hetero", "legacy", "single"])
+def test_every_gpu_node_is_kwok_managed_tainted_and_labelled(profile: str) -> None:
+    for node in node_manifests(load_profile(profile)):
+        labels = node["metadata"]["labels"]
+        assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+        assert all(labels[k] for k in GFD_KEYS)
+        assert labels["nvidia.com/gpu.count"] == node["status"]["allocatable"]["nvidia.com/gpu"]
+        assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"}.items() <= node["spec"]["taints"][
+            0
+        ].items()
+        pool_keys = {"cloud.google.com/gke-nodepool", "karpenter.sh/nodepool"}
+        assert pool_keys & labels.keys()
+
+
+def test_unknown_profile_names_the_known_ones() -> None:
+    with pytest.raises(FileNotFoundError, match="hetero"):
+        load_profile("no-such-profile")
