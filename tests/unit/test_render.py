@@ -160,7 +160,18 @@ def test_extra_args_come_last() -> None:
 
 @pytest.mark.parametrize("extra", [["-tp", "2"], ["--kv-cache-memory-bytes=1000000"]])
 def test_extra_args_that_fight_managed_flags_are_refused(extra: list[str]) -> None:
-    service = isvc(engine={"extraArgs": extra})
+    # The API refuses them at apply time; the renderer refuses them again for objects
+    # that skipped validation (model_construct), so no path renders a fight.
+    with pytest.raises(ValueError, match="extraArgs must not set flags kvq manages"):
+        isvc(engine={"extraArgs": extra})
+    valid = isvc()
+    service = valid.model_copy(
+        update={
+            "spec": valid.spec.model_copy(
+                update={"engine": valid.spec.engine.model_copy(update={"extra_args": extra})}
+            )
+        }
+    )
     with pytest.raises(RenderError, match="which kvq renders from the spec"):
         engine_args(service, pool(H100), effective_settings(service, gpu(H100)))
 
