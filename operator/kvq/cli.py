@@ -21,6 +21,15 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 
+def _mount_dev_cluster() -> None:
+    from kvq.devcluster.cli import app as dev_cluster_app
+
+    app.add_typer(dev_cluster_app, name="dev-cluster")
+
+
+_mount_dev_cluster()
+
+
 def _load_documents(path: str) -> list[dict[str, Any]]:
     text = sys.stdin.read() if path == "-" else Path(path).read_text()
     try:
