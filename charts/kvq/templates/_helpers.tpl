@@ -1,0 +1,89 @@
+{{/* Release-scoped name, at most 63 characters (a DNS label). */}}
+{{- define "kvq.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvq.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "kvq.labels" -}}
+{{ include "kvq.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "kvq.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kvq.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvq.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Peering is only for more than one replica; a single one runs --standalone. */}}
+{{- define "kvq.peering" -}}
+{{- if gt (int .Values.replicas) 1 -}}{{ include "kvq.fullname" . }}{{- end -}}
+{{- end -}}
+
+{{/* The namespaces served: the listed ones, or "" for all. */}}
+{{- define "kvq.namespaced" -}}
+{{- if .Values.watchNamespaces -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Rules in every namespace the operator serves: its own kind and status, the engine Pods and
+their logs (failure evidence), the kinds it renders, Events, and kopf's namespaced peering.
+*/}}
+{{- define "kvq.servedRules" -}}
+- apiGroups: [kvq.dev]
+  resources: [inferenceservices]
+  # patch: kopf's progress annotations and finalizer; never spec.
+  verbs: [get, list, watch, patch]
+- apiGroups: [kvq.dev]
+  resources: [inferenceservices/status]
+  verbs: [get, update, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [configmaps, services]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- if and (include "kvq.peering" .) (include "kvq.namespaced" .) }}
+# kopf watches the whole collection, but writes only its own peering object.
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [list, watch]
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  resourceNames: [{{ include "kvq.peering" . }}]
+  verbs: [get, patch]
+{{- end }}
+{{- end -}}
