@@ -27,6 +27,9 @@ test-unit:
 test: lint typecheck
 	$(PY) -m pytest tests
 
+demo:
+	$(VENV)/bin/kvq demo
+
 crd:
 	$(VENV)/bin/kvq crd > crds/kvq.dev_inferenceservices.yaml
 

@@ -246,6 +246,16 @@ def _dtype_refusal(version: str, dtype: str, gpu: Any) -> str | None:
     return None if verdict.ok else verdict.reason
 
 
+@app.command()
+def demo(
+    profile: Annotated[str, typer.Option(help="Cluster profile (e2e/clusters)")] = "hetero",
+) -> None:
+    """Local control plane + operator + examples: placement, static and runtime fallback."""
+    from kvq.devcluster.demo import run_demo
+
+    raise typer.Exit(run_demo(profile=profile))
+
+
 class _LiteralDumper(yaml.SafeDumper):
     """Multi-line strings (the evidence wrapper script) as readable `|` blocks."""
 

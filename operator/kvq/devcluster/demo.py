@@ -1,0 +1,195 @@
+"""`kvq demo`: the whole story on a local control plane, then everything stopped again.
+
+Starts the `hetero` cluster (T4, A100, L4, H100, H200, B200 pools), installs the CRD,
+runs the operator, applies the examples and waits for each to reach its outcome:
+FP8 placed on an FP8-capable pool, a T4-only request falling back before deploying,
+and a start-up crash (real vLLM text) falling back at runtime. Prints `kubectl get kis`
+and the fallback reasons, and exits non-zero if any outcome was not reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvq.devcluster import cluster
+from kvq.devcluster.paths import e2e_dir
+from kvq.devcluster.ports import allocate_ports
+
+NAMESPACE = "kvq-demo"
+DEADLINE_SECONDS = 180.0
+POLL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """An example and the outcome the demo waits for."""
+
+    file: str
+    name: str
+    what: str
+    reached: Callable[[dict[str, Any]], bool]
+
+
+def _condition(isvc: dict[str, Any], type_: str) -> str | None:
+    for c in (isvc.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return str(c.get("status"))
+    return None
+
+
+def _attempt_kinds(isvc: dict[str, Any]) -> list[bool]:
+    attempts = ((isvc.get("status") or {}).get("fallback") or {}).get("attempts") or []
+    return [bool(a.get("static")) for a in attempts]
+
+
+EXPECTATIONS = (
+    Expectation(
+        "llama3-8b-fp8.yaml",
+        "llama3-8b",
+        "FP8 KV cache on an FP8-capable pool that holds 64 sequences of 8k",
+        lambda i: _condition(i, "Ready") == "True" and _attempt_kinds(i) == [],
+    ),
+    Expectation(
+        "legacy-fp8-on-t4.yaml",
+        "llama3-8b-legacy",
+        "T4 only: static fallback to the AWQ model before deploying",
+        lambda i: _condition(i, "Ready") == "True" and _attempt_kinds(i) == [True],
+    ),
+    Expectation(
+        "tiny-head80-fp8-sim.yaml",
+        "tiny-head80",
+        "engine rejects fp8 at start-up: runtime fallback to auto",
+        lambda i: _condition(i, "Ready") == "True" and _attempt_kinds(i) == [False],
+    ),
+)
+
+
+def run_demo(profile: str = "hetero", name: str = "demo") -> int:
+    root = e2e_dir().parent
+    print(f"==> starting the local control plane ({profile} profile)", flush=True)
+    state = cluster.up(name=name, profile=profile, timeout=300)
+    print(f"    ready in {state.startup_seconds:.1f} s; export KUBECONFIG={state.kubeconfig}")
+    kubectl = _kubectl(state.kubeconfig)
+    operator: subprocess.Popen[bytes] | None = None
+    log_path = Path(state.run_dir) / "logs" / "kvq-operator.log"
+    try:
+        kubectl("get", "nodes", "-L", "nvidia.com/gpu.product", show=True)
+        kubectl("apply", "--server-side", "-f", str(root / "crds"))
+        kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvq.dev")
+        kubectl("create", "namespace", NAMESPACE)
+        # The example references an HF token by Secret; KWOK pods never read it.
+        kubectl(
+            "create", "secret", "generic", "hf-token", "-n", NAMESPACE,
+            "--from-literal=token=demo-placeholder-not-a-token",
+        )  # fmt: skip
+        print("==> starting the operator (kvq run)", flush=True)
+        operator = _start_operator(state.kubeconfig, log_path)
+        for expectation in EXPECTATIONS:
+            kubectl("apply", "-n", NAMESPACE, "-f", str(root / "examples" / expectation.file))
+        print(f"==> waiting for the outcomes (up to {DEADLINE_SECONDS:.0f} s)", flush=True)
+        missed = _wait_for_outcomes(kubectl, operator)
+        print()
+        kubectl("get", "kis", "-n", NAMESPACE, show=True)
+        kubectl(
+            "get", "deployments,pods", "-n", NAMESPACE, "-o", "wide", show=True
+        )  # fmt: skip
+        _print_decisions(kubectl)
+        if missed:
+            print(f"\nNOT reached: {', '.join(missed)}; operator log: {log_path}")
+            return 1
+        print("\nAll outcomes reached. Stopping the operator and the cluster.")
+        return 0
+    finally:
+        if operator is not None:
+            operator.send_signal(signal.SIGTERM)
+            try:
+                operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait()
+        cluster.down(name)
+
+
+def _kubectl(kubeconfig: str) -> Callable[..., str]:
+    binary = str(Path(sys.executable).parent / "kubectl")
+
+    def call(*args: str, show: bool = False) -> str:
+        result = subprocess.run(
+            [binary, "--kubeconfig", kubeconfig, *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        if show:
+            print(result.stdout, end="", flush=True)
+        return result.stdout
+
+    return call
+
+
+def _start_operator(kubeconfig: str, log_path: Path) -> subprocess.Popen[bytes]:
+    port = allocate_ports(["metrics"])["metrics"]
+    env = {**os.environ, "KUBECONFIG": kubeconfig}
+    log = log_path.open("wb")
+    command = [
+        sys.executable, "-m", "kvq.cli", "run", "--namespace", NAMESPACE, "--standalone",
+        "--interval", "2", "--metrics-port", str(port),
+    ]  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_for_outcomes(kubectl: Callable[..., str], operator: subprocess.Popen[bytes]) -> list[str]:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    pending = {e.name: e for e in EXPECTATIONS}
+    while pending and time.monotonic() < deadline:
+        if operator.poll() is not None:
+            print(f"    the operator exited with code {operator.returncode}")
+            break
+        items = json.loads(kubectl("get", "kis", "-n", NAMESPACE, "-o", "json"))["items"]
+        for isvc in items:
+            expectation = pending.get(isvc["metadata"]["name"])
+            if expectation is not None and expectation.reached(isvc):
+                print(f"    reached: {expectation.name}: {expectation.what}", flush=True)
+                del pending[expectation.name]
+        if pending:
+            time.sleep(POLL_SECONDS)  # polling the API between checks, bounded by the deadline
+    return sorted(pending)
+
+
+def _print_decisions(kubectl: Callable[..., str]) -> None:
+    items = json.loads(kubectl("get", "kis", "-n", NAMESPACE, "-o", "json"))["items"]
+    for isvc in sorted(items, key=lambda i: str(i["metadata"]["name"])):
+        status = isvc.get("status") or {}
+        placement = status.get("placement") or {}
+        capacity = status.get("capacity") or {}
+        effective = status.get("effective") or {}
+        print(f"\n{isvc['metadata']['name']}:")
+        print(
+            f"  pool {placement.get('pool')} ({placement.get('gpuProduct')}, cc "
+            f"{placement.get('computeCapability')}); KV cache {effective.get('kvCacheDtype')}; "
+            f"model {effective.get('modelUri')}"
+        )
+        print(
+            f"  capacity: {capacity.get('kvTokens')} KV tokens, "
+            f"{capacity.get('maxConcurrentSequences')} sequences of {capacity.get('maxModelLen')}"
+            f" tokens, {capacity.get('ratioVsAuto')}x the auto cache"
+        )
+        for attempt in (status.get("fallback") or {}).get("attempts") or []:
+            kind = "static" if attempt.get("static") else "runtime"
+            print(f"  fallback ({kind}) {attempt['from']} -> {attempt['to']}: {attempt['reason']}")
+            if attempt.get("evidence") and not attempt.get("static"):
+                print("    evidence: " + attempt["evidence"].splitlines()[0])
+        for ignored in effective.get("ignored") or []:
+            print(f"  ignored: {ignored['field']}: {ignored['reason']}")
