@@ -1,0 +1,157 @@
+"""`helm lint` and `helm template` of charts/kvq: what each values mode renders, and the
+values the schema refuses. No cluster needed (the API server's view is in test_chart_install)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helm.chart import CHART, find, helm, render, values_file
+
+pytestmark = pytest.mark.helm
+
+NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+EVERYTHING = {
+    "prometheusRule": {"enabled": True},
+    "grafanaDashboard": {"enabled": True},
+    "metrics": {"port": 8080, "service": {"port": 8080}, "serviceMonitor": {"enabled": True}},
+}
+OWNED = {"deployments", "services", "configmaps", "poddisruptionbudgets"}
+WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = find(docs, "Deployment")
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(only)
+
+
+def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [rule for role in find(docs, kind) for rule in role["rules"]]
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED, {"replicas": 1, **EVERYTHING}])
+def test_lint_is_clean_in_strict_mode(tmp_path: Path, values: dict[str, Any]) -> None:
+    args = ["lint", str(CHART), "--strict"]
+    if values:
+        args += ["--values", str(values_file(tmp_path, values))]
+    assert "0 chart(s) failed" in helm(*args).stdout
+
+
+def test_operator_pod_is_locked_down(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    (deployment,) = find(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container(docs)["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    probes = {p: container(docs)[p]["httpGet"] for p in ("livenessProbe", "readinessProbe")}
+    assert all(p == {"path": "/healthz", "port": "health"} for p in probes.values())
+    assert container(docs)["resources"]["limits"]["memory"]
+
+
+def test_two_replicas_peer_cluster_wide(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    assert find(docs, "Deployment")[0]["spec"]["replicas"] == 2
+    args = container(docs)["args"]
+    assert "--all-namespaces" in args
+    assert "--peering=kvq" in args
+    assert "--liveness=http://0.0.0.0:8081/healthz" in args
+    assert [p["metadata"]["name"] for p in find(docs, "ClusterKopfPeering")] == ["kvq"]
+    assert not find(docs, "Role")
+
+
+def test_one_replica_runs_standalone_without_peering(tmp_path: Path) -> None:
+    docs = render(tmp_path, {"replicas": 1})
+    assert "--standalone" in container(docs)["args"]
+    assert not [a for a in container(docs)["args"] if a.startswith("--peering")]
+    assert not find(docs, "ClusterKopfPeering") and not find(docs, "KopfPeering")
+    assert not [r for r in rules_of(docs, "ClusterRole") if r["apiGroups"] == ["kopf.dev"]]
+
+
+def test_namespaced_mode_writes_only_in_the_served_namespaces(tmp_path: Path) -> None:
+    docs = render(tmp_path, NAMESPACED)
+    args = container(docs)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert "--all-namespaces" not in args
+    roles = find(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    bindings = find(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert {p["metadata"]["namespace"] for p in find(docs, "KopfPeering")} == {"team-a", "team-b"}
+    cluster_rules = rules_of(docs, "ClusterRole")
+    # Cluster-wide it only reads: Nodes for pool discovery, CRDs for kopf.
+    assert {v for r in cluster_rules for v in r["verbs"]} == {"get", "list", "watch"}
+    assert {res for r in cluster_rules for res in r["resources"]} == {
+        "nodes",
+        "customresourcedefinitions",
+    }
+    role_resources = {res for r in rules_of(docs, "Role") for res in r["resources"]}
+    assert role_resources >= OWNED
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED])
+def test_no_rule_grants_secrets_wildcards_or_node_writes(
+    tmp_path: Path, values: dict[str, Any]
+) -> None:
+    docs = render(tmp_path, values)
+    rules = rules_of(docs, "ClusterRole") + rules_of(docs, "Role")
+    for rule in rules:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        assert "secrets" not in rule["resources"], rule
+        if set(rule["resources"]) & {"nodes", "pods", "pods/log"}:
+            assert not set(rule["verbs"]) & WRITES, rule
+    written = {
+        res for r in rules if set(r["verbs"]) & {"create", "delete"} for res in r["resources"]
+    }
+    assert written == OWNED | {"events"}
+
+
+def test_optional_monitoring_objects(tmp_path: Path) -> None:
+    assert not find(render(tmp_path), "PrometheusRule")
+    docs = render(tmp_path, EVERYTHING)
+    (rule,) = find(docs, "PrometheusRule")
+    exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
+    for metric in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions_total",
+        "kvq_fallbacks_total",
+    ):
+        assert metric in exprs
+    assert "> 0.9" in exprs
+    (monitor,) = find(docs, "ServiceMonitor")
+    (service,) = find(docs, "Service")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    (dashboard,) = find(docs, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert '"uid": "kvq-overview"' in dashboard["data"]["kvq-overview.json"]
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"replicas": 0}, "replicas"),
+        ({"watchNamespaces": ["Team_A"]}, "watchNamespaces"),
+        ({"watchNamespaces": "team-a"}, "watchNamespaces"),
+        ({"image": {"repository": "kvq/operator", "pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"image": {"repository": "", "pullPolicy": "Always"}}, "repository"),
+        ({"image": {"repository": "x", "pullPolicy": "Always", "digest": "latest"}}, "digest"),
+        ({"prometheusRule": {"enabled": True, "kvCacheUsageThreshold": 90}}, "kvCacheUsage"),
+        ({"replica": 2}, "replica"),
+    ],
+)
+def test_schema_refuses_bad_values(tmp_path: Path, values: dict[str, Any], complaint: str) -> None:
+    done = helm(
+        "template", "kvq", str(CHART), "--values", str(values_file(tmp_path, values)), check=False
+    )
+    assert done.returncode != 0
+    assert "values don't meet the specifications of the schema" in done.stderr
+    assert complaint in done.stderr
