@@ -36,7 +36,11 @@ def test_every_field_is_described_for_kubectl_explain() -> None:
     undescribed = [
         path
         for path, node in _walk(openapi_schema())
-        if path and not path.endswith(("[]", "{}")) and not node.get("description")
+        if path
+        and not path.endswith(("[]", "{}"))
+        and not node.get("description")
+        # The API server refuses anything but `type: object` on the root metadata.
+        and path != ".metadata"
     ]
     assert undescribed == []
 

@@ -56,7 +56,8 @@ def openapi_schema() -> JsonDict:
                 "description": "Kind is a string value representing the REST resource this "
                 "object represents.",
             },
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            # The API server accepts nothing but `type: object` here (not even a description).
+            "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
         },
