@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from kvq.k8s.peering import peering_crds
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART_CRDS = ROOT / "charts" / "kvq" / "crds"
 KOPF_PEERINGS = "kopf-peerings.yaml"
@@ -18,8 +20,9 @@ def test_chart_crds_are_the_committed_crds_byte_for_byte() -> None:
     assert charted == committed, "copy them: cp crds/*.yaml charts/kvq/crds/"
 
 
-def test_kopf_peering_crds_are_the_only_extra_ones() -> None:
+def test_kopf_peering_crds_are_the_ones_the_operator_expects() -> None:
     docs = list(yaml.safe_load_all((CHART_CRDS / KOPF_PEERINGS).read_text()))
+    assert docs == peering_crds()
     served = {(d["spec"]["group"], d["spec"]["names"]["kind"], d["spec"]["scope"]) for d in docs}
     assert served == {
         ("kopf.dev", "ClusterKopfPeering", "Cluster"),
