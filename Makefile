@@ -4,7 +4,7 @@ VENV = $(shell e2e/scripts/venv.sh)
 PY = $(VENV)/bin/python
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: help venv test test-unit lint typecheck crd demo cluster-up cluster-down
+.PHONY: help venv test test-unit test-helm lint typecheck crd demo cluster-up cluster-down
 
 help:
 	@echo "make demo   - local control plane with GPU pools, the operator, examples, a fallback"
@@ -23,6 +23,11 @@ typecheck:
 
 test-unit:
 	$(PY) -m pytest -m "not cluster and not engine and not helm" tests
+
+# The chart (lint, template, install on the local control plane, RBAC), the operator image's
+# install steps, and the Argo CD health check.
+test-helm:
+	$(PY) -m pytest tests/helm
 
 test: lint typecheck
 	$(PY) -m pytest tests

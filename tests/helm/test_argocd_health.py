@@ -70,3 +70,15 @@ def test_argocd_cm_snippet_carries_health_lua_verbatim() -> None:
     assert committed == generated, f"regenerate: {regenerate}"
     data = yaml.safe_load(committed)["data"]
     assert data[HEALTH_KEY] == (CHECK_DIR / "health.lua").read_text()
+
+
+def test_example_applications_point_at_paths_that_exist() -> None:
+    root = ARGOCD.parents[1]
+    apps = list(yaml.safe_load_all((root / "examples" / "argocd" / "application.yaml").read_text()))
+    assert [a["kind"] for a in apps] == ["Application", "Application"]
+    for app in apps:
+        source = app["spec"]["source"]
+        path = root / source["path"]
+        assert path.is_dir(), source["path"]
+        include = source.get("directory", {}).get("include")
+        assert include is None or (path / include).is_file(), include
