@@ -232,7 +232,9 @@ class KvCacheSpec(KubeModel):
 
     kube_rules = (
         Rule(
-            cel="!self.calculateScales || self.dtype.startsWith('fp8')",
+            # has(): the API server checks this rule against the bare default {} as well.
+            cel="!has(self.calculateScales) || !self.calculateScales || "
+            "(has(self.dtype) && self.dtype.startsWith('fp8'))",
             message="calculateScales applies only to fp8 dtypes",
             check=lambda k: not k.calculate_scales or k.dtype.startswith("fp8"),
             field_path=".calculateScales",
