@@ -289,7 +289,8 @@ def test_reconcile_from_a_stale_read_rereads_and_converges(
     outcome = reconcile(runtime, stale, observed)
 
     assert outcome is not None and outcome.status_written
-    assert "Deployment/llama" in outcome.applied
+    owner = deployment(kube, namespace).metadata.owner_references[0]
+    assert owner.uid == isvc["metadata"]["uid"]
     stored = read_isvc(kube, namespace, NAME)
     assert stored["metadata"]["labels"] == {"team": "a"}
     placed = {c["type"]: c for c in stored["status"]["conditions"]}

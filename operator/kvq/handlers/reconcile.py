@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -25,8 +24,6 @@ from kvq.k8s.logs import read_log_tails
 from kvq.k8s.reads import read_inference_service
 from kvq.k8s.status import StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
-
-log = logging.getLogger("kvq.reconcile")
 
 # A stale snapshot is cheap to redo: retry soon, the indices will have caught up.
 CONFLICT_RETRY_SECONDS = 1.0
@@ -89,16 +86,6 @@ def reconcile(
             RECONCILE_ERRORS.inc()
             raise
     RECONCILES.labels(result="ok").inc()
-    if outcome.writes:
-        log.info(
-            "%s/%s: applied %s, deleted %s, status %s, %d events",
-            meta["namespace"],
-            meta["name"],
-            list(outcome.applied),
-            list(outcome.deleted),
-            "written" if outcome.status_written else "unchanged",
-            outcome.events_posted,
-        )
     return outcome
 
 
