@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -21,7 +23,8 @@ def test_viewer_is_forbidden_what_the_admin_may_do(
         k8s.CoreV1Api(viewer).list_namespaced_pod(namespace)
 
     assert denied.value.status == 403
-    assert 'User "kvq-dev-viewer" cannot list resource "pods"' in str(denied.value.body)
+    message = json.loads(denied.value.body)["message"]
+    assert 'User "kvq-dev-viewer" cannot list resource "pods"' in message
 
 
 def test_a_role_binding_grants_the_viewer_read_access(

@@ -15,6 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# Popen handles of the processes this interpreter started: kept so that stopping one reaps
+# it (no zombie, no ResourceWarning); a process started by another command has none.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
 
 @dataclass(frozen=True)
 class Running:
@@ -38,6 +42,7 @@ def start_process(
             start_new_session=True,
             env=dict(env) if env is not None else None,
         )
+    _CHILDREN[proc.pid] = proc
     return Running(name, proc.pid, _start_ticks(proc.pid) or 0, str(log))
 
 
@@ -48,17 +53,19 @@ def is_alive(proc: Running) -> bool:
 
 def stop_process(proc: Running, timeout: float = 10.0) -> None:
     """SIGTERM, then SIGKILL once `timeout` passes; returns when the process is gone."""
-    if not is_alive(proc):
+    if is_alive(proc):
+        os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while is_alive(proc):
+            if time.monotonic() >= deadline:
+                os.kill(proc.pid, signal.SIGKILL)
+                deadline = time.monotonic() + timeout
+            time.sleep(0.05)
+    child = _CHILDREN.pop(proc.pid, None)
+    if child is not None:
+        child.wait(timeout)
+    else:
         _reap(proc.pid)
-        return
-    os.kill(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while is_alive(proc):
-        _reap(proc.pid)
-        if time.monotonic() >= deadline:
-            os.kill(proc.pid, signal.SIGKILL)
-            deadline = time.monotonic() + timeout
-        time.sleep(0.05)
 
 
 def _reap(pid: int) -> None:
@@ -75,6 +82,14 @@ def _start_ticks(pid: int) -> int | None:
         return None
     # Fields after the parenthesised command: state is the 1st, starttime the 20th.
     fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in {"Z", "X"}:
+    if fields[0] in {"Z", "X"} and _thread_count(pid) <= 1:
+        # A zombie leader whose other threads still run (a Go program exiting) is not gone.
         return None
     return int(fields[19])
+
+
+def _thread_count(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        return 0
