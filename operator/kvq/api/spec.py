@@ -109,11 +109,13 @@ class ArchitectureSpec(KubeModel):
             "&& has(self.vocabSize))",
             message="give hiddenSize, intermediateSize and vocabSize, or numParams: kvq needs "
             "the weight size to know what memory is left for the KV cache",
-            check=lambda a: a.num_params is not None
-            or (
-                a.hidden_size is not None
-                and a.intermediate_size is not None
-                and a.vocab_size is not None
+            check=lambda a: (
+                a.num_params is not None
+                or (
+                    a.hidden_size is not None
+                    and a.intermediate_size is not None
+                    and a.vocab_size is not None
+                )
             ),
         ),
     )

@@ -21,6 +21,7 @@ class RungOutlook:
     rung: Rung
     kv_cache_dtype: str
     choice: PoolChoice
+    capacity_required: bool
 
     @property
     def option(self) -> RungOption:
@@ -31,6 +32,7 @@ class RungOutlook:
             keeps_capacity=chosen is not None,
             available=chosen is not None,
             why_unavailable=None if chosen else self.choice.why_none(),
+            capacity_required=self.capacity_required,
         )
 
 
@@ -64,7 +66,12 @@ def rung_outlooks(
             tolerations=spec.placement.tolerations,
             prefer=spec.placement.prefer,
         )
-        outlooks[rung] = RungOutlook(rung, dtype, choose_pool(request, inventory, capability, arch))
+        outlooks[rung] = RungOutlook(
+            rung,
+            dtype,
+            choose_pool(request, inventory, capability, arch),
+            capacity_required=spec.capacity.min_concurrent_sequences is not None,
+        )
     return outlooks
 
 

@@ -36,7 +36,9 @@ def up(
         typer.echo(str(error), err=True)
         raise typer.Exit(1) from error
     typer.echo(f"cluster {state.name!r} ready in {state.startup_seconds} s ({state.server})")
-    typer.echo(f"profile: {state.profile}; logs: {Path(state.run_dir) / 'logs'}")
+    steps = ", ".join(f"{k} {v} s" for k, v in state.milestones.items())
+    typer.echo(f"profile: {state.profile}; {steps}")
+    typer.echo(f"logs: {Path(state.run_dir) / 'logs'}")
     typer.echo(f"viewer (no RBAC bindings): {state.viewer_kubeconfig}")
     typer.echo(f"export KUBECONFIG={state.kubeconfig}")
 

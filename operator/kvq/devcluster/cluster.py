@@ -11,23 +11,20 @@ import json
 import shutil
 import ssl
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
-
-from kubernetes import client as k8s
+from typing import Any
 
 from kvq.devcluster import pki as pki_ids
 from kvq.devcluster.binaries import Binaries, ensure_binaries
-from kvq.devcluster.clients import open_client
 from kvq.devcluster.kubeconfig import write_kubeconfig
 from kvq.devcluster.paths import e2e_dir, run_dir
 from kvq.devcluster.pki import KeyPair, Pki, write_pki
 from kvq.devcluster.ports import allocate_ports
 from kvq.devcluster.processes import Running, is_alive, start_process, stop_process
 from kvq.devcluster.profiles import KWOK_NODE_ANNOTATION, load_profile, node_manifests
+from kvq.devcluster.rest import Rest, get_ok, tls_context
 from kvq.devcluster.waits import WaitTimeoutError, wait_until
 
 PORT_NAMES = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"]
@@ -49,6 +46,8 @@ class ClusterState:
     ports: dict[str, int]
     processes: list[Running] = field(default_factory=list)
     startup_seconds: float = 0.0
+    # Seconds from the start of `up` to each milestone, to see where start-up time goes.
+    milestones: dict[str, float] = field(default_factory=dict)
 
     def save(self) -> None:
         Path(self.run_dir, STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -116,41 +115,32 @@ def up(
     def remaining() -> float:
         return max(deadline - time.monotonic(), 1.0)
 
+    def reached(milestone: str) -> None:
+        state.milestones[milestone] = round(time.monotonic() - began, 1)
+
     logs = root / "logs"
+    admin_pair = pki.client(pki_ids.ADMIN)
+    rest = Rest(server, tls_context(pki.ca.cert, admin_pair.cert, admin_pair.key))
+
+    def launch(component: str, argv: list[str]) -> None:
+        state.processes.append(start_process(component, argv, logs / f"{component}.log"))
+        state.save()
+
     try:
-        state.processes.append(
-            start_process("etcd", _etcd_args(bins, root, ports, pki), logs / "etcd.log")
-        )
-        state.save()
-        admin_client = pki.client(pki_ids.ADMIN)
-        _wait_https(
-            f"https://127.0.0.1:{ports['etcd']}/health",
-            pki,
-            admin=None,
-            etcd=True,
-            timeout=remaining(),
-            state=state,
-        )
-        state.processes.append(
-            start_process(
-                "kube-apiserver",
-                _apiserver_args(bins, ports, pki),
-                logs / "kube-apiserver.log",
-            )
-        )
-        state.save()
-        _wait_https(f"{server}/readyz", pki, admin=admin_client, timeout=remaining(), state=state)
-        kwok_config = _write_kwok_config(root)
-        for comp, argv in (
-            ("kube-controller-manager", _controller_manager_args(bins, ports, pki, configs)),
-            ("kube-scheduler", _scheduler_args(bins, ports, pki, configs)),
-            ("kwok", _kwok_args(bins, ports, configs, kwok_config)),
-        ):
-            state.processes.append(start_process(comp, argv, logs / f"{comp}.log"))
-        state.save()
-        with open_client(admin) as api:
-            _create_nodes(api, node_manifests(chosen))
-            _wait_ready(api, len(node_manifests(chosen)), remaining(), state)
+        launch("etcd", _etcd_args(bins, root, ports, pki))
+        etcd_health = f"https://127.0.0.1:{ports['etcd']}/health"
+        _wait_https(etcd_health, pki, pki.etcd_server, remaining(), state)
+        reached("etcd healthy")
+        launch("kube-apiserver", _apiserver_args(bins, ports, pki))
+        _wait_https(f"{server}/readyz", pki, admin_pair, remaining(), state)
+        reached("kube-apiserver ready")
+        launch("kube-controller-manager", _controller_manager_args(bins, ports, pki, configs))
+        launch("kube-scheduler", _scheduler_args(bins, ports, pki, configs))
+        launch("kwok", _kwok_args(bins, ports, configs, _write_kwok_config(root)))
+        nodes = node_manifests(chosen)
+        for node in nodes:
+            rest.post("/api/v1/nodes", node)
+        _wait_ready(rest, len(nodes), remaining(), state, reached)
     except BaseException:
         _stop_all(state)
         raise
@@ -179,7 +169,7 @@ def status(name: str = "dev") -> dict[str, Any]:
     if alive.get("kube-apiserver"):
         pki_dir = Path(state.run_dir) / "pki"
         ctx = _tls_context(pki_dir / "ca.crt", _client_pair(pki_dir, pki_ids.ADMIN))
-        ready = _get_ok(f"{state.server}/readyz", ctx)
+        ready = get_ok(f"{state.server}/readyz", ctx)
     return {
         "name": name,
         "running": all(alive.values()) and bool(alive),
@@ -321,33 +311,33 @@ def _write_kwok_config(root: Path) -> Path:
     return target
 
 
-def _create_nodes(api: Any, manifests: list[dict[str, Any]]) -> None:
-    core = k8s.CoreV1Api(api)
-    for manifest in manifests:
-        core.create_node(body=cast(Any, manifest))
-
-
-def _wait_ready(api: Any, expected: int, timeout: float, state: ClusterState) -> None:
-    core = k8s.CoreV1Api(api)
-
+def _wait_ready(
+    rest: Rest,
+    expected: int,
+    timeout: float,
+    state: ClusterState,
+    reached: Callable[[str], None],
+) -> None:
     def nodes_ready() -> bool:
-        nodes = core.list_node().items
+        nodes = rest.get("/api/v1/nodes")["items"]
         ready = [
             n
             for n in nodes
             if any(
-                c.type == "Ready" and c.status == "True"
-                for c in (n.status and n.status.conditions) or []
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
             )
         ]
         return len(ready) == expected
 
     # The controller manager is up when it has created the default ServiceAccount.
     def default_account() -> bool:
-        return bool(core.list_namespaced_service_account("default").items)
+        return bool(rest.get("/api/v1/namespaces/default/serviceaccounts")["items"])
 
     _wait_alive(nodes_ready, f"{expected} nodes Ready", timeout, state)
+    reached("nodes Ready")
     _wait_alive(default_account, "the default ServiceAccount", timeout, state)
+    reached("default ServiceAccount")
 
 
 def _wait_alive(probe: Any, what: str, timeout: float, state: ClusterState) -> None:
@@ -366,38 +356,20 @@ def _wait_alive(probe: Any, what: str, timeout: float, state: ClusterState) -> N
         raise ClusterStartError(f"{timed_out}\n{tails}") from timed_out
 
 
-def _wait_https(
-    url: str,
-    pki: Pki,
-    *,
-    admin: KeyPair | None,
-    timeout: float,
-    state: ClusterState,
-    etcd: bool = False,
-) -> None:
-    client = pki.etcd_server if etcd else admin
+def _wait_https(url: str, pki: Pki, client: KeyPair, timeout: float, state: ClusterState) -> None:
     ctx = _tls_context(pki.ca.cert, client)
-    _wait_alive(lambda: _get_ok(url, ctx), url, timeout, state)
+    _wait_alive(lambda: get_ok(url, ctx), url, timeout, state)
 
 
 def _tls_context(ca: Path, client: KeyPair | None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(ca))
-    if client is not None:
-        ctx.load_cert_chain(str(client.cert), str(client.key))
-    return ctx
+    if client is None:
+        return tls_context(ca)
+    return tls_context(ca, client.cert, client.key)
 
 
 def _client_pair(pki_dir: Path, identity: pki_ids.Identity) -> KeyPair:
     stem = f"client-{identity.name}"
     return KeyPair(pki_dir / f"{stem}.crt", pki_dir / f"{stem}.key")
-
-
-def _get_ok(url: str, ctx: ssl.SSLContext) -> bool:
-    try:
-        with urllib.request.urlopen(url, context=ctx, timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _tail(log: str, lines: int = 20) -> str:

@@ -49,6 +49,8 @@ class RungOption:
     keeps_capacity: bool
     available: bool = True
     why_unavailable: str | None = None
+    capacity_required: bool = True
+    """False when the spec asks for no concurrency: then there is nothing to keep."""
 
 
 @dataclass(frozen=True)
@@ -126,14 +128,16 @@ def next_rung(
 
     # Stable: the first rung that keeps capacity, else the first in spec order.
     chosen = next((option for option in candidates if option.keeps_capacity), candidates[0])
-    capacity = (
-        "it keeps the requested concurrency"
-        if chosen.keeps_capacity
-        else "no available rung keeps the requested concurrency"
-    )
+    capacity = ""
+    if chosen.capacity_required:
+        capacity = (
+            " (it keeps the requested concurrency)"
+            if chosen.keeps_capacity
+            else " (no available rung keeps the requested concurrency)"
+        )
     return LadderDecision(
         chosen.rung,
-        f"{_clause(failed)}; falling back to {_label(chosen.rung, requested_dtype)} ({capacity}).",
+        f"{_clause(failed)}; falling back to {_label(chosen.rung, requested_dtype)}{capacity}.",
         exhausted=False,
     )
 

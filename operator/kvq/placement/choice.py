@@ -19,6 +19,7 @@ from kvq.planner import CapacityPlan, plan_capacity
 from kvq.planner.weights import WeightFormat
 
 DEFAULT_BLOCK_SIZE = 16
+NOT_ALLOWED = "not in spec.placement.pools"
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,16 @@ class PoolChoice:
                 else ""
             )
             return f"no GPU node pool was found{unknown}"
+        # Pools the spec excluded itself are counted, not described: the user chose that.
+        excluded = [v for v in self.verdicts if NOT_ALLOWED in v.reasons]
         parts = [
-            f"{v.pool.name} ({v.pool.gpu.product}): {'; '.join(v.reasons)}" for v in self.verdicts
+            f"{v.pool.name} ({v.pool.gpu.product}): {'; '.join(v.reasons)}"
+            for v in self.verdicts
+            if v not in excluded
         ]
+        if excluded:
+            names = ", ".join(v.pool.name for v in excluded)
+            parts.append(f"{len(excluded)} other pools are not in spec.placement.pools ({names})")
         return "no pool fits: " + " | ".join(parts)
 
 
@@ -101,7 +109,7 @@ def _judge(
 ) -> PoolVerdict:
     reasons: list[str] = []
     if request.allowed_pools and pool.name not in request.allowed_pools:
-        reasons.append("not in spec.placement.pools")
+        reasons.append(NOT_ALLOWED)
     missing = {k: v for k, v in request.node_selector.items() if pool.labels.get(k) != v}
     if missing:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(missing.items()))

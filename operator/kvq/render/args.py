@@ -21,6 +21,7 @@ WRAPPER_FILE = "evidence_wrapper.py"
 WRAPPER_PATH = f"{WRAPPER_DIR}/{WRAPPER_FILE}"
 _API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
+
 @dataclass(frozen=True)
 class DroppedFlag:
     """A spec setting not rendered because this engine lacks it (reported in status)."""
