@@ -1,0 +1,54 @@
+"""A minimal JSON-over-HTTPS client for the harness's own few API calls.
+
+The harness avoids the kubernetes client on purpose: importing it costs seconds, and
+`up`/`down`/`status` only need to create Nodes and read a few lists.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if cert is not None and key is not None:
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+def get_ok(url: str, ctx: ssl.SSLContext) -> bool:
+    """True when `url` answers 200 (a health endpoint); False on any error."""
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass(frozen=True)
+class Rest:
+    server: str
+    ctx: ssl.SSLContext
+
+    def get(self, path: str) -> Any:
+        return self._call("GET", path, None)
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return self._call("POST", path, body)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            f"{self.server}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        with urllib.request.urlopen(request, context=self.ctx, timeout=10) as response:
+            return json.loads(response.read())
