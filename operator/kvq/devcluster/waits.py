@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from kubernetes.client.exceptions import ApiException
-
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 60.0
@@ -55,7 +53,7 @@ def wait_until(
 
 
 def is_not_found(error: BaseException) -> bool:
-    return isinstance(error, ApiException) and error.status == 404
+    return getattr(error, "status", None) == 404
 
 
 def wait_for_pod(
@@ -84,6 +82,8 @@ def wait_for_deletion(
     read: Callable[[], Any], *, what: str, timeout: float = DEFAULT_TIMEOUT
 ) -> None:
     """Until `read()` answers 404."""
+    # Imported here: the harness's start-up path uses this module and the client is slow to import.
+    from kubernetes.client.exceptions import ApiException
 
     def gone() -> bool:
         try:
