@@ -56,6 +56,8 @@ MATRIX = [
     Check("patch", "nodes", "cluster", False, False),
     Check("get", "secrets", "served", False, False),
     Check("list", "secrets", "served", False, False),
+    Check("update", "deployments.apps", "served", False, False),
+    Check("patch", "inferenceservices.kvq.dev --subresource=status", "served", False, False),
     Check("create", "pods", "served", False, False),
     Check("delete", "pods", "served", False, False),
     Check("create", "pods --subresource=exec", "served", False, False),

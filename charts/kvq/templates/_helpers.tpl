@@ -53,29 +53,32 @@ their logs (failure evidence), the kinds it renders, Events, and kopf's namespac
 {{- define "kvq.servedRules" -}}
 - apiGroups: [kvq.dev]
   resources: [inferenceservices]
-  # patch: kopf's progress annotations and finalizer; never spec.
+  # patch: kopf's annotations and finalizer; kvq never writes spec.
   verbs: [get, list, watch, patch]
 - apiGroups: [kvq.dev]
   resources: [inferenceservices/status]
-  verbs: [get, update, patch]
+  # kvq replaces status with the resourceVersion it read (a conflict means: decide again).
+  verbs: [update]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
 - apiGroups: [""]
   resources: [pods/log]
   verbs: [get]
+# The kinds kvq renders: server-side apply is a patch (plus create for a new object);
+# delete only what it rendered earlier. No update: kvq never replaces them whole.
 - apiGroups: [""]
   resources: [configmaps, services]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- if and (include "kvq.peering" .) (include "kvq.namespaced" .) }}
 # kopf watches the whole collection, but writes only its own peering object.
 - apiGroups: [kopf.dev]
