@@ -58,6 +58,7 @@ def replicas(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[list[Operat
             ),
             what="InferenceServices deleted",
             timeout=60,
+            describe=lambda: "\n".join(p.log_tail() for p in processes),
         )
         for process in processes:
             process.stop()
@@ -99,3 +100,34 @@ def test_two_replicas_one_reconciles(
     assert len(active) == 1, [p.sample("kvq_reconciles_total") for p in replicas]
     priorities = {peer["priority"] for peer in live_peers(kube, namespace).values()}  # type: ignore[index]
     assert len(priorities) == 2
+
+
+def test_the_paused_replica_takes_over_when_the_active_one_stops(
+    kube: Kube, namespace: str, replicas: list[OperatorProcess]
+) -> None:
+    wait_until(
+        lambda: len(live_peers(kube, namespace)) == 2,
+        what="both replicas in the peering object",
+        timeout=60,
+    )
+    create_isvc(kube, namespace, inference_service(NAME))
+    wait_until(
+        lambda: any(p.sample("kvq_reconciles_total") > 0 for p in replicas),
+        what="the active replica's first reconcile",
+        timeout=60,
+    )
+    (active,) = [p for p in replicas if p.sample("kvq_reconciles_total") > 0]
+    (standby,) = [p for p in replicas if p is not active]
+
+    active.stop()  # SIGTERM: kopf withdraws its peering record on the way out
+    kube.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, NAME, {"spec": {"replicas": 2}}
+    )
+
+    wait_until(
+        lambda: kube.apps.read_namespaced_deployment(NAME, namespace).spec.replicas == 2,
+        what="the standby replica to reconcile the change",
+        timeout=60,
+        describe=standby.log_tail,
+    )
+    assert standby.sample("kvq_reconciles_total") > 0

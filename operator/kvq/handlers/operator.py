@@ -50,6 +50,8 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=keys.GROUP)
     # kopf blocks deletion while a timer runs on the object; the marker is kvq's own key.
     settings.persistence.finalizer = keys.FINALIZER
+    clients = Clients(load_api_client())
+    clients.discover()
     memo.runtime = Runtime(
         catalogs=Catalogs(
             gpus=load_gpu_catalog(),
@@ -57,7 +59,7 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
             models=load_model_catalog(),
         ),
         config=OperatorConfig(),
-        clients=Clients(load_api_client()),
+        clients=clients,
     )
 
 

@@ -27,15 +27,19 @@ def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
 
 @dataclass
 class Clients:
-    """The typed core API (events, logs) and the dynamic client (any kind, by apiVersion/kind)."""
+    """The typed APIs (events, logs, status) and the dynamic client (any kind)."""
 
     api: k8s.ApiClient
+    # Built up front: the client imports each API module lazily, and CoreV1Api alone takes
+    # seconds to import, which would otherwise stall the first reconcile that posts an Event.
+    core: k8s.CoreV1Api = field(init=False, repr=False)
+    custom: k8s.CustomObjectsApi = field(init=False, repr=False)
     # The dynamic client is untyped: kept as Any at this one boundary.
     _dynamic: Any = field(default=None, repr=False)
 
-    @property
-    def core(self) -> k8s.CoreV1Api:
-        return k8s.CoreV1Api(self.api)
+    def __post_init__(self) -> None:
+        self.core = k8s.CoreV1Api(self.api)
+        self.custom = k8s.CustomObjectsApi(self.api)
 
     @property
     def dynamic(self) -> Any:
@@ -43,6 +47,10 @@ class Clients:
         if self._dynamic is None:
             self._dynamic = DynamicClient(self.api)  # type: ignore[no-untyped-call]
         return self._dynamic
+
+    def discover(self) -> None:
+        """Run API discovery now (at start-up) rather than in the first reconcile."""
+        self.dynamic.resources.get(api_version="v1", kind="ConfigMap")
 
     def resource(self, api_version: str, kind: str) -> Any:
         return self.dynamic.resources.get(api_version=api_version, kind=kind)

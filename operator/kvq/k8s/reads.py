@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from kubernetes import client as k8s
-
 from kvq.api.models import GROUP, PLURAL, VERSION
 from kvq.k8s.clients import Clients
 
 
 def read_inference_service(clients: Clients, namespace: str, name: str) -> dict[str, Any]:
-    api = k8s.CustomObjectsApi(clients.api)
+    api = clients.custom
     found = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     return cast(dict[str, Any], found)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from kvq.api import keys
@@ -61,7 +60,7 @@ def without_nulls(value: Any) -> Any:
 def _replace_status(
     clients: Clients, meta: Mapping[str, Any], body: Manifest, *, dry_run: bool
 ) -> Manifest:
-    api = k8s.CustomObjectsApi(clients.api)
+    api = clients.custom
     try:
         result = api.replace_namespaced_custom_object_status(
             GROUP,
