@@ -53,10 +53,10 @@ binaries: # etcd, kube-apiserver/-controller-manager/-scheduler, KWOK, Helm: bui
 build-k8s: binaries
 
 cluster-up: binaries # local control plane with the $(PROFILE) GPU pools; prints its KUBECONFIG
-	$(PY) -m kvq.devcluster up --profile $(PROFILE)
+	$(VENV)/bin/kvq dev-cluster up --profile $(PROFILE) $(if $(KUBECONFIG_OUT),--kubeconfig $(KUBECONFIG_OUT))
 
 cluster-down:
-	$(PY) -m kvq.devcluster down
+	$(VENV)/bin/kvq dev-cluster down
 
 cluster-status:
-	$(PY) -m kvq.devcluster status
+	$(VENV)/bin/kvq dev-cluster status

@@ -51,7 +51,8 @@ def ensure_binaries() -> Binaries:
         with log.open("ab") as out:
             done = subprocess.run(["bash", str(script)], stdout=out, stderr=out, check=False)
         if done.returncode != 0:
-            raise RuntimeError(f"building the control plane binaries failed; see {log}")
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            raise RuntimeError(f"building the control plane binaries failed ({log}):\n{tail}")
     binaries = locate_binaries()
     if binaries.missing():
         raise RuntimeError(f"binaries still missing: {', '.join(map(str, binaries.missing()))}")
