@@ -171,7 +171,7 @@ def test_rendered_chart_is_accepted_by_the_api_server(
     ).stdout
     expected = sum(1 for doc in yaml.safe_load_all(manifest) if doc)
 
-    refusal = []
+    refusal: list[str] = []
 
     def accepted() -> list[str] | None:
         done = kubectl(
