@@ -53,6 +53,21 @@ def test_crash_loop_keeps_exit_code_reason_and_message(kube: Kube, namespace: st
     assert crashed.status.phase == "Running"
 
 
+def test_crash_loop_restarts_keep_counting(kube: Kube, namespace: str) -> None:
+    annotations = _failing("crash-loop", backoff="1s", message=ENGINE_ERROR)
+    kube.core.create_namespaced_pod(namespace, pod("engine", annotations=annotations))
+
+    looping = wait_for_pod(
+        kube.core,
+        namespace,
+        lambda p: container_status(p) is not None and container_status(p).restart_count >= 3,
+        what="three restarts",
+    )
+
+    assert waiting_reason(looping) == "CrashLoopBackOff"
+    assert _last_terminated(looping).message == ENGINE_ERROR
+
+
 def test_oom_killed_reports_137(kube: Kube, namespace: str) -> None:
     kube.core.create_namespaced_pod(namespace, pod("engine", annotations=_failing("oom-killed")))
 
