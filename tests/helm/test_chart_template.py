@@ -69,6 +69,8 @@ def test_two_replicas_peer_cluster_wide(tmp_path: Path) -> None:
 def test_one_replica_runs_standalone_without_peering(tmp_path: Path) -> None:
     docs = render(tmp_path, {"replicas": 1})
     assert "--standalone" in container(docs)["args"]
+    # Two unpeered operators would both act: the old pod goes before the new one starts.
+    assert find(docs, "Deployment")[0]["spec"]["strategy"] == {"type": "Recreate"}
     assert not [a for a in container(docs)["args"] if a.startswith("--peering")]
     assert not find(docs, "ClusterKopfPeering") and not find(docs, "KopfPeering")
     assert not [r for r in rules_of(docs, "ClusterRole") if r["apiGroups"] == ["kopf.dev"]]
