@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +182,28 @@ class OperatorProcess:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             return str(response.read().decode())
+
+
+@contextmanager
+def operator_running(kube: Kube, namespace: str, log_path: Path) -> Iterator[OperatorProcess]:
+    """A standalone operator for one namespace; its InferenceServices are deleted before it
+    stops (kopf's finalizer is lifted only by a running operator)."""
+    process = OperatorProcess(kube.state.kubeconfig, namespace, log_path)
+    process.start()
+    try:
+        yield process
+    finally:
+        if process.process is None:
+            process.start()
+        kube.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        wait_until(
+            lambda: (
+                not kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
+                    "items"
+                ]
+            ),
+            what="InferenceServices deleted",
+            timeout=60,
+            describe=process.log_tail,
+        )
+        process.stop()

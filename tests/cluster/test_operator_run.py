@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from kvq.api import keys
-from kvq.api.models import GROUP, PLURAL, VERSION
 from kvq.devcluster.binaries import locate_binaries
 from kvq.devcluster.clients import Kube
 from kvq.devcluster.waits import wait_until
@@ -21,6 +20,7 @@ from tests.cluster.operator_support import (
     create_isvc,
     inference_service,
     install_kvq_crd,
+    operator_running,
     read_isvc,
 )
 
@@ -38,26 +38,8 @@ def crd(kube: Kube) -> None:
 
 @pytest.fixture
 def operator(kube: Kube, namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(kube.state.kubeconfig, namespace, tmp_path / "operator.log")
-    process.start()
-    try:
+    with operator_running(kube, namespace, tmp_path / "operator.log") as process:
         yield process
-    finally:
-        # While it runs, the operator lifts its finalizer: delete before stopping it.
-        if process.process is None:
-            process.start()
-        kube.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-        wait_until(
-            lambda: (
-                not kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
-                    "items"
-                ]
-            ),
-            what="InferenceServices deleted",
-            timeout=60,
-            describe=process.log_tail,
-        )
-        process.stop()
 
 
 def kubectl_wait_ready(kube: Kube, namespace: str) -> subprocess.CompletedProcess[str]:
@@ -178,6 +160,9 @@ def test_a_killed_operator_restarted_converges_without_duplicates(
         describe=operator.log_tail,
     )
     operator.kill()
+    at_kill = managed_objects(kube, namespace)
+    status_at_kill = read_isvc(kube, namespace, NAME).get("status")
+    print(f"\nkilled with {at_kill}, status {'written' if status_at_kill else 'not written'}")
 
     operator.start()
     waited = kubectl_wait_ready(kube, namespace)
