@@ -10,7 +10,7 @@ source "$here/versions.env"
 cache=${KVQ_CACHE:-$HOME/.cache/kvq}
 bin_root="$cache/bin"
 work_root="$cache/build"
-# A module that asks for a newer Go gets this approved toolchain from the module proxy.
+# One Go for every machine (fetched once from the module proxy); see e2e/README.md.
 export GOTOOLCHAIN=${GOTOOLCHAIN:-go1.27.3}
 export GOCACHE="$cache/go-build"
 export GOMODCACHE="$cache/go-mod"
