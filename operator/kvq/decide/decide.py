@@ -96,6 +96,14 @@ def decide(snap: Snapshot) -> Plan:
             outcome = Outcome(rung=rung, blocked=("RenderFailed", str(error)))
             return _plan(snap, previous, outcome, ladder.new)
         pod_hash = _pod_hash(manifests)
+        deployed = Outcome(
+            rung=rung,
+            outlook=outlook,
+            effective=effective,
+            args=rendered.args,
+            dropped=rendered.dropped,
+            pod_hash=pod_hash,
+        )
         findings = examine_pods(
             current_pods(snap.pods, pod_hash),
             kv_cache_dtype=effective.kv_cache_dtype,
@@ -118,30 +126,12 @@ def decide(snap: Snapshot) -> Plan:
         ladder.record(move, rung, failure.excerpt or failure.reason, snap)
         if move.next is None:
             # Nothing left to try: keep what is deployed, say so.
-            outcome = Outcome(
-                rung=rung,
-                outlook=outlook,
-                effective=effective,
-                args=rendered.args,
-                dropped=rendered.dropped,
-                pod_hash=pod_hash,
-                failure=failure,
-                exhausted=True,
-                ladder_reason=move.reason,
-            )
+            outcome = replace(deployed, failure=failure, exhausted=True, ladder_reason=move.reason)
             return _plan(snap, previous, outcome, ladder.new)
         rung, failure = move.next, None
 
-    assert rung is not None and chosen is not None and chosen.plan is not None
-    outcome = Outcome(
-        rung=rung,
-        outlook=outlook,
-        effective=effective,
-        args=rendered.args,
-        dropped=rendered.dropped,
-        pod_hash=pod_hash,
-        failure=failure,
-        fallback_disabled=failure is not None and failure.fallback,
+    outcome = replace(
+        deployed, failure=failure, fallback_disabled=failure is not None and failure.fallback
     )
     owned = tuple(_owned(isvc, m) for m in manifests)
     plan = _plan(snap, previous, outcome, ladder.new, owned)
