@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
+from typer.testing import CliRunner
 
 from kvq.api import keys
 from kvq.api.validation import Violation
+from kvq.cli import app
 from kvq.handlers.indices import by_inference_service
 from kvq.handlers.invalid import invalid_status
 from kvq.k8s.apply import comparable
@@ -148,3 +150,21 @@ def test_only_fallback_events_count_as_fallbacks() -> None:
     count_event("Ready")
     assert value("FallbackToAwq") == before + 1
     assert value("Ready") == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run"], "give --namespace (one or more) or --all-namespaces"),
+        (
+            ["run", "-n", "a", "--all-namespaces"],
+            "give --namespace (one or more) or --all-namespaces",
+        ),
+        (["run", "-n", "a", "--peering", "p", "--standalone"], "--peering and --standalone"),
+    ],
+)
+def test_run_refuses_contradictory_flags_before_starting(argv: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, argv)
+
+    assert result.exit_code == 2
+    assert message in result.output

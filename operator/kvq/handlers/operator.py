@@ -104,6 +104,7 @@ def run(options: RunOptions) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # kopf reports every handler pass at INFO; at a 10 s timer that drowns kvq's own lines.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every liveness probe
     serve_metrics(options.metrics_port)
     kopf.run(
         registry=build_registry(options.interval),
