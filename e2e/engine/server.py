@@ -95,6 +95,13 @@ class RunningServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_for_exit(self, timeout_s: float) -> int | None:
+        """The exit code if the server ends within `timeout_s`, else None."""
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self, grace_s: float = 30.0) -> int:
         """SIGTERM to the group, SIGKILL after `grace_s`; returns the exit code."""
         return stop_process_group(self.process, grace_s)

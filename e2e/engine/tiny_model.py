@@ -101,7 +101,12 @@ def render_config(shape: TinyShape, vocab_size: int) -> dict[str, object]:
 
 
 def train_tokenizer(directory: Path, vocab_size: int = 384) -> int:
-    """Trains a byte-level BPE on CORPUS, saves it for transformers; returns its size."""
+    """Trains a byte-level BPE on CORPUS, saves it for transformers; returns its size.
+
+    The alphabet is only what CORPUS holds (printable ASCII), not all 256 bytes: a lone
+    byte token decodes to "" in vLLM's incremental detokenizer, and random weights can
+    pick one again and again, so a completion would come back empty.
+    """
     # Engine venv only (a vLLM dependency); the project venv never trains a tokenizer.
     from tokenizers import (  # type: ignore[import-not-found]
         Tokenizer,
@@ -117,7 +122,6 @@ def train_tokenizer(directory: Path, vocab_size: int = 384) -> int:
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(CORPUS, trainer=trainer)

