@@ -26,7 +26,9 @@ from kvq.devcluster.waits import wait_for_deletion, wait_until
 from kvq.handlers.reconcile import Observed, Runtime, reconcile
 from kvq.k8s.clients import Clients
 from kvq.k8s.executor import execute
+from kvq.k8s.logs import read_log_tails
 from kvq.k8s.status import StatusConflictError
+from tests.cluster import manifests
 from tests.cluster.operator_support import (
     create_isvc,
     inference_service,
@@ -344,3 +346,46 @@ def test_deleting_the_inference_service_collects_its_children(
     with pytest.raises(ApiException) as gone:
         read_isvc(kube, namespace, NAME)
     assert gone.value.status == 404
+
+
+def test_an_unreadable_spec_is_ready_false_with_one_warning(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    # The CRD refuses this at apply time; an older CRD would not: kvq must still cope.
+    runtime = Runtime(
+        catalogs=Catalogs(load_gpu_catalog(), load_engine_catalog(), load_model_catalog()),
+        config=OperatorConfig(),
+        clients=clients,
+    )
+    observed = Observed(nodes={}, pods={}, owned=[])
+
+    def as_if_invalid() -> dict[str, Any]:
+        body = read_isvc(kube, namespace, NAME)
+        body["spec"]["memory"]["gpuMemoryUtilization"] = 1.5
+        return body
+
+    assert reconcile(runtime, as_if_invalid(), observed) is None
+    assert reconcile(runtime, as_if_invalid(), observed) is None
+
+    ready = read_isvc(kube, namespace, NAME)["status"]["conditions"][0]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    assert "gpuMemoryUtilization" in ready["message"]
+    selector = f"involvedObject.uid={isvc['metadata']['uid']},type=Warning"
+    warnings = kube.core.list_namespaced_event(namespace, field_selector=selector).items
+    assert [e.reason for e in warnings] == ["InvalidSpec"]
+    assert not kube.apps.list_namespaced_deployment(namespace).items
+
+
+def test_a_log_tail_the_node_cannot_serve_is_left_out(
+    kube: Kube, namespace: str, clients: Clients
+) -> None:
+    pod = kube.core.create_namespaced_pod(namespace, manifests.pod("engine"))
+    wait_until(
+        lambda: kube.core.read_namespaced_pod("engine", namespace).status.pod_ip,
+        what="the KWOK pod to start",
+    )
+    body = kube.api.sanitize_for_serialization(pod)
+
+    tails = read_log_tails(clients, namespace, ["engine", "absent"], [body], OperatorConfig())
+
+    assert tails == {}
