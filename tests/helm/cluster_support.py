@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -19,8 +20,9 @@ from kvq.devcluster.binaries import locate_binaries
 from kvq.devcluster.ports import allocate_ports
 from kvq.devcluster.waits import wait_until
 
-# Nothing the operator logs may say it was refused something.
-REFUSALS = ("Forbidden", "forbidden", "403", "Not enough permissions")
+# What kopf and the API server say when RBAC refuses a request (not other 403s, such as
+# writes into a namespace being deleted by another test).
+REFUSALS = ("is forbidden: User", "Not enough permissions")
 
 
 def kubectl(
@@ -107,8 +109,18 @@ def operator_running(kubeconfig: Path, args: list[str], log_path: Path) -> Itera
 
 
 def refusals_in(log_path: Path) -> list[str]:
+    """Log lines where RBAC refused the operator something."""
     return [
         line
         for line in log_path.read_text(errors="replace").splitlines()
         if any(word in line for word in REFUSALS)
     ]
+
+
+def lists_namespaces(line: str) -> bool:
+    """kopf listing or watching Namespaces (it falls back to the exact names it was given)."""
+    return bool(
+        re.search(r"/api/v1/namespaces(\?| )", line)
+        or "to list namespaces" in line
+        or "to watch for namespaces" in line
+    )
