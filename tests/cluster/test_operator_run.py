@@ -175,3 +175,29 @@ def test_a_killed_operator_restarted_converges_without_duplicates(
     assert len(objects["ReplicaSet"]) == 1
     assert len(objects["Pod"]) == 1
     assert conditions(kube, namespace)["Ready"]["status"] == "True"
+
+
+def test_a_restart_at_steady_state_writes_nothing(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    create_isvc(kube, namespace, inference_service(NAME))
+    assert kubectl_wait_ready(kube, namespace).returncode == 0, operator.log_tail()
+    settled = operator.sample("kvq_reconciles_total", result="ok") + 2
+    wait_until(
+        lambda: operator.sample("kvq_reconciles_total", result="ok") >= settled,
+        what="two more reconciles",
+        timeout=30,
+    )
+    version = read_isvc(kube, namespace, NAME)["metadata"]["resourceVersion"]
+
+    operator.stop()
+    operator.start()
+    wait_until(
+        lambda: operator.sample("kvq_reconciles_total", result="ok") >= 3,
+        what="the restarted operator's resume and two timer reconciles",
+        timeout=60,
+        describe=operator.log_tail,
+    )
+
+    assert operator.sample("kvq_writes_total") == 0, operator.log_tail()
+    assert read_isvc(kube, namespace, NAME)["metadata"]["resourceVersion"] == version
