@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import pytest
 import yaml
@@ -51,17 +51,22 @@ def release(kube: Kube, namespace: str) -> Iterator[str]:
     )
 
 
+class Installed(NamedTuple):
+    seconds: float
+    notes: str
+
+
 def install(
     kube: Kube, release: str, namespace: str, tmp_path: Path, values: dict[str, Any], *more: str
-) -> float:
-    """`helm install` (or upgrade with `more`); returns how long it took in seconds."""
+) -> Installed:
+    """`helm upgrade --install` with `values` and the flags in `more`; its time and NOTES."""
     began = time.monotonic()
-    helm(
+    done = helm(
         *("upgrade", "--install", release, str(CHART), "--namespace", namespace, *more),
         *("--values", str(values_file(tmp_path, values, f"values-{uuid.uuid4().hex[:6]}.yaml"))),
         kubeconfig=kube.state.kubeconfig,
     )
-    return time.monotonic() - began
+    return Installed(time.monotonic() - began, done.stdout.partition("NOTES:")[2])
 
 
 def read_deployment(kube: Kube, name: str, namespace: str) -> dict[str, Any]:
@@ -198,16 +203,20 @@ def test_rendered_chart_is_accepted_by_the_api_server(
 def test_install_upgrade_uninstall_keep_crds_and_inference_services(
     kube: Kube, namespace: str, release: str, tmp_path: Path
 ) -> None:
-    seconds = install(kube, release, namespace, tmp_path, ON_GPU_NODES, "--wait", "--timeout=3m")
-    print(f"\nhelm install --wait (2 replicas, ready): {seconds:.1f} s")
+    first = install(kube, release, namespace, tmp_path, ON_GPU_NODES, "--wait", "--timeout=3m")
+    print(f"\nhelm install --wait (2 replicas, ready): {first.seconds:.1f} s")
+    assert f"installed in namespace {namespace}" in first.notes
+    assert f"rollout status deployment/{release}" in first.notes
+    assert f'one active at a time (kopf peering "{release}")' in first.notes
     deployment = read_deployment(kube, release, namespace)
     assert deployment["status"]["readyReplicas"] == 2
     assert f"--peering={release}" in operator_args(deployment)
     assert read_peering(kube, release)["metadata"]["name"] == release
     apply_example(kube, namespace)
 
-    seconds = install(kube, release, namespace, tmp_path, {**ON_GPU_NODES, "replicas": 1}, "--wait")
-    print(f"helm upgrade --wait (to 1 replica): {seconds:.1f} s")
+    upgrade = install(kube, release, namespace, tmp_path, {**ON_GPU_NODES, "replicas": 1}, "--wait")
+    print(f"helm upgrade --wait (to 1 replica): {upgrade.seconds:.1f} s")
+    assert "1 replica(s), standalone" in upgrade.notes
     deployment = read_deployment(kube, release, namespace)
     assert deployment["spec"]["replicas"] == 1
     assert "--standalone" in operator_args(deployment)
