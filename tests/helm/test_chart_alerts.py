@@ -1,8 +1,10 @@
 """The chart's alert rules, evaluated by Prometheus' own rule engine (`promtool test rules`)
-on synthetic vLLM and kvq series: each alert fires on the trouble it names and not before."""
+on synthetic vLLM and kvq series: each alert fires on the trouble it names and not before.
+The dashboard's queries go through the same parser."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -127,3 +129,23 @@ def _annotations(rule: dict[str, Any], alert: str, expected: dict[str, Any]) -> 
             text = text.replace(f"{{{{ $labels.{name} }}}}", value)
         out[key] = text
     return out
+
+
+def test_dashboard_queries_parse_as_promql(tmp_path: Path) -> None:
+    (dashboard,) = find(render(tmp_path, {"grafanaDashboard": {"enabled": True}}), "ConfigMap")
+    panels = json.loads(dashboard["data"]["kvq-overview.json"])["panels"]
+    # Each panel query as a recording rule: promtool parses it with Prometheus' own parser.
+    rules = [
+        {"record": f"kvq:dashboard_panel_{panel['id']}_{target['refId']}", "expr": target["expr"]}
+        for panel in panels
+        for target in panel["targets"]
+    ]
+    for rule in rules:
+        rule["expr"] = rule["expr"].replace("$namespace", ".*")
+    assert len(rules) >= len(panels) > 0
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

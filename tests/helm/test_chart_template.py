@@ -64,6 +64,8 @@ def test_two_replicas_peer_cluster_wide(tmp_path: Path) -> None:
     assert "--liveness=http://0.0.0.0:8081/healthz" in args
     assert [p["metadata"]["name"] for p in find(docs, "ClusterKopfPeering")] == ["kvq"]
     assert not find(docs, "Role")
+    (budget,) = find(docs, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
 
 
 def test_one_replica_runs_standalone_without_peering(tmp_path: Path) -> None:
@@ -73,6 +75,7 @@ def test_one_replica_runs_standalone_without_peering(tmp_path: Path) -> None:
     assert find(docs, "Deployment")[0]["spec"]["strategy"] == {"type": "Recreate"}
     assert not [a for a in container(docs)["args"] if a.startswith("--peering")]
     assert not find(docs, "ClusterKopfPeering") and not find(docs, "KopfPeering")
+    assert not find(docs, "PodDisruptionBudget")
     assert not [r for r in rules_of(docs, "ClusterRole") if r["apiGroups"] == ["kopf.dev"]]
 
 
