@@ -10,7 +10,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_until
+from kvq.devcluster.waits import has_condition, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -65,10 +65,8 @@ def crd(kube: Kube) -> Iterator[tuple[str, str]]:
     kube.extensions.create_custom_resource_definition(body)
 
     def established() -> bool:
-        crd = kube.extensions.read_custom_resource_definition(body["metadata"]["name"])
-        return any(
-            c.type == "Established" and c.status == "True" for c in crd.status.conditions or []
-        )
+        read = kube.extensions.read_custom_resource_definition(body["metadata"]["name"])
+        return has_condition(read, "Established")
 
     wait_until(established, what="the CRD to be Established", timeout=30)
     # Established can precede the discovery of the new resource by a moment.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import is_running_and_ready, wait_for_pod
+from kvq.devcluster.waits import condition, has_condition, is_running_and_ready, wait_for_pod
 from tests.cluster.manifests import gpu_deployment, pod
 
 pytestmark = pytest.mark.cluster
@@ -47,15 +47,14 @@ def test_pod_without_gpu_toleration_is_not_scheduled(kube: Kube, namespace: str)
     pending = wait_for_pod(
         kube.core,
         namespace,
-        lambda p: any(
-            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-            for c in p.status.conditions or []
+        lambda p: (
+            has_condition(p, "PodScheduled", "False")
+            and condition(p, "PodScheduled").reason == "Unschedulable"
         ),
         what="the scheduler to report the pod Unschedulable",
     )
 
-    message = next(c.message for c in pending.status.conditions if c.type == "PodScheduled")
-    assert "untolerated taint" in message
+    assert "untolerated taint" in condition(pending, "PodScheduled").message
     assert pending.spec.node_name is None
 
 
@@ -65,9 +64,8 @@ def test_more_gpus_than_any_node_has_is_not_scheduled(kube: Kube, namespace: str
     pending = wait_for_pod(
         kube.core,
         namespace,
-        lambda p: any(c.reason == "Unschedulable" for c in p.status.conditions or []),
+        lambda p: has_condition(p, "PodScheduled", "False"),
         what="the scheduler to report 9 GPUs unschedulable",
     )
 
-    message = next(c.message for c in pending.status.conditions if c.type == "PodScheduled")
-    assert "Insufficient nvidia.com/gpu" in message
+    assert "Insufficient nvidia.com/gpu" in condition(pending, "PodScheduled").message

@@ -117,3 +117,25 @@ def container_status(pod: Any, container: str | None = None) -> Any:
         if container is None or status.name == container:
             return status
     return None
+
+
+def condition(obj: Any, kind: str) -> Any:
+    """The status condition of type `kind` of an API object (model or dict), or None."""
+    status = obj.get("status") if isinstance(obj, dict) else obj.status
+    if not status:
+        return None
+    conditions = status.get("conditions") if isinstance(status, dict) else status.conditions
+    for item in conditions or []:
+        item_type = item.get("type") if isinstance(item, dict) else item.type
+        if item_type == kind:
+            return item
+    return None
+
+
+def has_condition(obj: Any, kind: str, status: str = "True") -> bool:
+    """True when `obj` has condition `kind` with `status` (works for CRs read as dicts)."""
+    found = condition(obj, kind)
+    if found is None:
+        return False
+    value = found.get("status") if isinstance(found, dict) else found.status
+    return bool(value == status)
