@@ -100,11 +100,17 @@ def install_chart_crds(kube: Kube) -> None:
         *("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds")),
         kubeconfig=kube.state.kubeconfig,
     )
-    kubectl(
-        *("wait", "--for=condition=Established", "--timeout=60s"),
-        *(f"crd/{name}" for name in (KVQ_CRD, *PEERING_CRDS)),
-        kubeconfig=kube.state.kubeconfig,
-    )
+
+    def established() -> bool:
+        # Not `kubectl wait`: it errors out while a new CRD has no conditions yet.
+        for name in (KVQ_CRD, *PEERING_CRDS):
+            status = kube.extensions.read_custom_resource_definition(name).status
+            conditions = (status.conditions if status else None) or []
+            if not any(c.type == "Established" and c.status == "True" for c in conditions):
+                return False
+        return True
+
+    wait_until(established, what="the chart's CRDs Established", timeout=60)
 
 
 def apply_example(kube: Kube, namespace: str, *how: str) -> None:
