@@ -17,6 +17,7 @@ from kvq.api.status import (
 )
 from kvq.decide.conditions import ConditionUpdate, condition, merge_conditions
 from kvq.decide.history import MAX_ATTEMPTS, rfc3339
+from kvq.decide.metrics import capacity_condition, metrics_status
 from kvq.decide.rungs import RungOutlook
 from kvq.decide.types import EventSpec, Snapshot
 from kvq.fallback.classifier import Classification
@@ -65,19 +66,27 @@ def build_status(
         _degraded(outcome),
     ]
     replicas, ready_replicas = _replica_counts(snap.deployment)
+    effective = _effective(outcome) if placed else previous.effective
+    capacity = _capacity(outcome) if placed else previous.capacity
+    metrics = metrics_status(
+        previous.metrics, snap.engine_metrics, min_interval=snap.config.metrics_min_interval
+    )
+    mismatch = capacity_condition(metrics, capacity, effective)
+    if mismatch is not None:
+        updates.append(mismatch)
     return InferenceServiceStatus(
         observed_generation=generation,
         conditions=merge_conditions(
             previous.conditions, updates, generation=generation, now=rfc3339(snap.now)
         ),
-        effective=_effective(outcome) if placed else previous.effective,
+        effective=effective,
         placement=_placement(outcome) if placed else previous.placement,
-        capacity=_capacity(outcome) if placed else previous.capacity,
+        capacity=capacity,
         fallback=FallbackStatus(
             active_rung=outcome.rung.value if outcome.rung not in (None, Rung.REQUESTED) else None,
             attempts=attempts[-MAX_ATTEMPTS:],
         ),
-        metrics=previous.metrics,
+        metrics=metrics,
         replicas=replicas,
         ready_replicas=ready_replicas,
     )
@@ -103,6 +112,8 @@ def decision_events(
             continue
         if now.type == "Placed" and now.status == "True":
             events.append(EventSpec("Normal", "Placed", now.message))
+        elif now.type == "CapacityMismatch" and now.status == "True":
+            events.append(EventSpec("Warning", "CapacityMismatch", now.message))
         elif (now.type == "Placed" and now.status == "False") or (
             now.type == "Degraded" and now.status == "True" and not new_attempts
         ):

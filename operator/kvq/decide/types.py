@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from kvq.api.models import InferenceService
 from kvq.catalog.engines import EngineCatalog
 from kvq.catalog.gpus import GpuCatalog
 from kvq.catalog.models import ModelCatalog
+from kvq.decide.metrics import EngineReading
 from kvq.placement.discovery import DEFAULT_POOL_LABELS
 
 Manifest = dict[str, Any]
@@ -33,6 +34,8 @@ class OperatorConfig:
     # Evidence the executor may fetch when a termination message is not enough.
     log_tail_lines: int = 200
     log_tail_bytes: int = 64 * 1024
+    # Engine metrics are written to status at most this often (and only when they moved).
+    metrics_min_interval: timedelta = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class Snapshot:
     config: OperatorConfig = field(default_factory=OperatorConfig)
     log_tails: Mapping[str, str] = field(default_factory=dict)
     """Pod name -> bounded tail of its previous container's log, when the executor fetched it."""
+    engine_metrics: EngineReading | None = None
+    """The engines' latest metrics from Prometheus, when the operator has a Prometheus."""
     owned: Sequence[Mapping[str, Any]] = ()
     """Live objects this InferenceService controls (ConfigMap, Deployment, Service, PDB);
     the ones kvq no longer renders are deleted."""
