@@ -298,6 +298,7 @@ def run(
     liveness: Annotated[
         str | None, typer.Option(help="Liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     ] = None,
+    verbose: Annotated[bool, typer.Option(help="Also log every kopf handler pass")] = False,
 ) -> None:
     """Run the operator: reconcile InferenceServices until stopped."""
     from kvq.handlers.operator import RunOptions
@@ -316,6 +317,7 @@ def run(
             interval=interval,
             metrics_port=metrics_port,
             liveness=liveness,
+            verbose=verbose,
         )
     )
 

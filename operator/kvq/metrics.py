@@ -10,7 +10,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 
 RECONCILES = Counter(
     "kvq_reconciles",
-    "Reconciles of an InferenceService, by result (ok, invalid, conflict, error).",
+    "Reconciles of an InferenceService, by result (ok, invalid, deleting, conflict, error).",
     ["result"],
 )
 RECONCILE_ERRORS = Counter(

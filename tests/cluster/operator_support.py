@@ -126,6 +126,7 @@ class OperatorProcess:
             *("--namespace", self.namespace),
             *("--interval", str(self.interval)),
             *("--metrics-port", str(self.metrics_port)),
+            "--verbose",
         ]
         env = {**os.environ, "KUBECONFIG": self.kubeconfig}
         with self.log_path.open("ab") as log:
@@ -193,17 +194,20 @@ def operator_running(kube: Kube, namespace: str, log_path: Path) -> Iterator[Ope
     try:
         yield process
     finally:
-        if process.process is None:
-            process.start()
-        kube.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-        wait_until(
-            lambda: (
-                not kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
-                    "items"
-                ]
-            ),
-            what="InferenceServices deleted",
-            timeout=60,
-            describe=process.log_tail,
-        )
-        process.stop()
+        try:
+            if process.process is None:
+                process.start()
+            delete_inference_services(kube, namespace, describe=process.log_tail)
+        finally:
+            process.stop()
+
+
+def delete_inference_services(kube: Kube, namespace: str, describe: Any = None) -> None:
+    """Delete every InferenceService in `namespace` and wait until they are gone."""
+    kube.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+
+    def gone() -> bool:
+        found = kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        return not found["items"]
+
+    wait_until(gone, what="InferenceServices deleted", timeout=60, describe=describe)

@@ -15,6 +15,7 @@ from tests.cluster.operator_support import (
     OperatorProcess,
     apply_object,
     create_isvc,
+    delete_inference_services,
     inference_service,
     install_kvq_crd,
     read_isvc,
@@ -49,19 +50,13 @@ def replicas(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[list[Operat
     try:
         yield processes
     finally:
-        kube.custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-        wait_until(
-            lambda: (
-                not kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
-                    "items"
-                ]
-            ),
-            what="InferenceServices deleted",
-            timeout=60,
-            describe=lambda: "\n".join(p.log_tail() for p in processes),
-        )
-        for process in processes:
-            process.stop()
+        try:
+            delete_inference_services(
+                kube, namespace, describe=lambda: "\n".join(p.log_tail() for p in processes)
+            )
+        finally:
+            for process in processes:
+                process.stop()
 
 
 def live_peers(kube: Kube, namespace: str) -> dict[str, object]:

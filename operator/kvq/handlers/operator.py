@@ -40,6 +40,7 @@ class RunOptions:
     metrics_port: int = DEFAULT_METRICS_PORT
     liveness: str | None = None
     priority: int | None = None
+    verbose: bool = False
 
 
 def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -103,7 +104,7 @@ def run(options: RunOptions) -> None:
     """Serve metrics and run the operator until a signal stops it."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # kopf reports every handler pass at INFO; at a 10 s timer that drowns kvq's own lines.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").setLevel(logging.INFO if options.verbose else logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every liveness probe
     serve_metrics(options.metrics_port)
     kopf.run(

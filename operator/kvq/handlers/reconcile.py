@@ -22,7 +22,7 @@ from kvq.k8s.events import post_event
 from kvq.k8s.executor import Outcome, execute
 from kvq.k8s.logs import read_log_tails
 from kvq.k8s.reads import read_inference_service
-from kvq.k8s.status import StatusConflictError, write_status
+from kvq.k8s.status import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 
 # A stale snapshot is cheap to redo: retry soon, the indices will have caught up.
@@ -58,7 +58,8 @@ class Observed:
 def reconcile(
     runtime: Runtime, body: Mapping[str, Any], observed: Observed, now: datetime | None = None
 ) -> Outcome | None:
-    """Converge one InferenceService; None when its spec could not be read.
+    """Converge one InferenceService; None when there was nothing to converge (spec
+    unreadable, or the object is being deleted: its children go with it).
 
     kopf's body can lag behind a status this operator just wrote (a timer and a change
     handler in a row): a conflict re-reads the object and decides once more before kopf is
@@ -67,6 +68,9 @@ def reconcile(
     now = now or datetime.now(UTC)
     raw = plain(body)
     meta = raw["metadata"]
+    if meta.get("deletionTimestamp"):
+        RECONCILES.labels(result="deleting").inc()
+        return None
     with runtime.lock_for(meta["uid"]):
         try:
             try:
@@ -74,6 +78,11 @@ def reconcile(
             except StatusConflictError:
                 raw = read_inference_service(runtime.clients, meta["namespace"], meta["name"])
                 outcome = _reconcile_valid(runtime, raw, observed, now)
+        except ObjectGoneError:
+            # Deleted under a reconcile that read it earlier; the garbage collector takes
+            # anything this pass applied (its ownerReference names the deleted owner).
+            RECONCILES.labels(result="deleting").inc()
+            return None
         except InvalidInferenceServiceError as invalid:
             _report_invalid(runtime, raw, invalid, now)
             RECONCILES.labels(result="invalid").inc()

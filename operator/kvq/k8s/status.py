@@ -22,6 +22,10 @@ class StatusConflictError(RuntimeError):
     """The InferenceService changed after it was read; decide again from a fresh read."""
 
 
+class ObjectGoneError(RuntimeError):
+    """The InferenceService was deleted while it was being reconciled: nothing left to do."""
+
+
 def write_status(clients: Clients, isvc: Mapping[str, Any], desired: Manifest) -> bool:
     """Replace `status` with `desired` unless the server already stores it; True if written."""
     stored = isvc.get("status") or {}
@@ -73,6 +77,8 @@ def _replace_status(
             field_manager=keys.FIELD_MANAGER,
         )
     except ApiException as error:
+        if error.status == 404:
+            raise ObjectGoneError(f"{KIND} {meta['namespace']}/{meta['name']} is gone") from error
         if error.status == 409:
             raise StatusConflictError(
                 f"{KIND} {meta['namespace']}/{meta['name']} changed since resourceVersion "
