@@ -299,6 +299,16 @@ def run(
         str | None, typer.Option(help="Liveness endpoint, e.g. http://0.0.0.0:8081/healthz")
     ] = None,
     verbose: Annotated[bool, typer.Option(help="Also log every kopf handler pass")] = False,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Prometheus that scrapes the engines (series labelled namespace and service); "
+            "its KV cache usage, requests and KV capacity go into status.metrics"
+        ),
+    ] = None,
+    metrics_interval: Annotated[
+        float, typer.Option(min=1.0, help="Least seconds between status.metrics writes")
+    ] = 60.0,
 ) -> None:
     """Run the operator: reconcile InferenceServices until stopped."""
     from kvq.handlers.operator import RunOptions
@@ -318,6 +328,8 @@ def run(
             metrics_port=metrics_port,
             liveness=liveness,
             verbose=verbose,
+            prometheus_url=prometheus_url,
+            metrics_interval=metrics_interval,
         )
     )
 

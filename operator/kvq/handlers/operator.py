@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, cast
 
 import kopf
@@ -23,9 +24,11 @@ from kvq.handlers import indices
 from kvq.handlers.reconcile import Observed, Runtime, reconcile
 from kvq.k8s.clients import Clients, load_api_client
 from kvq.metrics import serve_metrics
+from kvq.observe.prometheus import PrometheusReader, min_query_gap
 
 DEFAULT_INTERVAL = 10.0
 DEFAULT_METRICS_PORT = 8080
+DEFAULT_METRICS_INTERVAL = 60.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class RunOptions:
     liveness: str | None = None
     priority: int | None = None
     verbose: bool = False
+    prometheus_url: str | None = None
+    """Where to read engine metrics for status.metrics (None: no metrics)."""
+    metrics_interval: float = DEFAULT_METRICS_INTERVAL
+    """Least seconds between two writes of status.metrics of one InferenceService."""
 
 
 def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -53,15 +60,28 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     settings.persistence.finalizer = keys.FINALIZER
     clients = Clients(load_api_client())
     clients.discover()
+    options: RunOptions = memo.get("options") or RunOptions()
+    config = OperatorConfig(metrics_min_interval=timedelta(seconds=options.metrics_interval))
     memo.runtime = Runtime(
         catalogs=Catalogs(
             gpus=load_gpu_catalog(),
             engines=load_engine_catalog(),
             models=load_model_catalog(),
         ),
-        config=OperatorConfig(),
+        config=config,
         clients=clients,
+        metrics_reader=_metrics_reader(options, config),
     )
+
+
+def _metrics_reader(options: RunOptions, config: OperatorConfig) -> PrometheusReader | None:
+    if not options.prometheus_url:
+        return None
+    reader = PrometheusReader(
+        options.prometheus_url, min_interval=min_query_gap(config.metrics_min_interval)
+    )
+    logging.getLogger(__name__).info("reading engine metrics from Prometheus at %s", reader.url)
+    return reader
 
 
 def on_inference_service(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
@@ -116,5 +136,5 @@ def run(options: RunOptions) -> None:
         # Same-priority peers all pause; a random priority leaves exactly one replica active.
         priority=options.priority if options.priority is not None else secrets.randbelow(2**30),
         liveness_endpoint=options.liveness,
-        memo=kopf.Memo(),
+        memo=kopf.Memo(options=options),
     )

@@ -11,8 +11,11 @@ from typing import Any
 
 import kopf
 
+from kvq.api.models import InferenceService
 from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
+from kvq.catalog.engines import EngineVersionError
 from kvq.decide import decide
+from kvq.decide.metrics import EngineReading
 from kvq.decide.types import Catalogs, EventSpec, OperatorConfig, Plan, Snapshot
 from kvq.handlers.indices import EngineKey, plain
 from kvq.handlers.invalid import REASON as INVALID_REASON
@@ -24,6 +27,8 @@ from kvq.k8s.logs import read_log_tails
 from kvq.k8s.reads import read_inference_service
 from kvq.k8s.status import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
+from kvq.observe.prometheus import PrometheusReader
+from kvq.render.settings import RenderError, engine_image_and_version
 
 # A stale snapshot is cheap to redo: retry soon, the indices will have caught up.
 CONFLICT_RETRY_SECONDS = 1.0
@@ -36,6 +41,8 @@ class Runtime:
     catalogs: Catalogs
     config: OperatorConfig
     clients: Clients
+    metrics_reader: PrometheusReader | None = None
+    """Engine metrics for status.metrics; None when the operator has no Prometheus."""
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -123,6 +130,7 @@ def _reconcile_valid(
         catalogs=runtime.catalogs,
         config=runtime.config,
         owned=owned,
+        engine_metrics=_engine_metrics(runtime, isvc, deployment),
     )
     plan = _timed_decide(snapshot)
     if plan.fetch_log_tails:
@@ -131,6 +139,22 @@ def _reconcile_valid(
         )
         plan = _timed_decide(replace(snapshot, log_tails=tails))
     return execute(runtime.clients, plan, raw, now)
+
+
+def _engine_metrics(
+    runtime: Runtime, isvc: InferenceService, deployment: Mapping[str, Any] | None
+) -> EngineReading | None:
+    """The engines' metrics from Prometheus (rate-limited by the reader); None without
+    a Prometheus or before kvq deployed anything."""
+    if runtime.metrics_reader is None or deployment is None:
+        return None
+    try:
+        version = engine_image_and_version(isvc)[1]
+        names = runtime.catalogs.engines.capability(version).metrics
+    except (RenderError, EngineVersionError):
+        return None  # decide() reports the version problem in status
+    # The engine Service is named after the InferenceService (the scrape label contract).
+    return runtime.metrics_reader.read(isvc.metadata.namespace or "", isvc.metadata.name, names)
 
 
 def _controlled_by(obj: Mapping[str, Any], uid: str) -> bool:

@@ -85,11 +85,6 @@ class PrometheusReader:
             self._cache[key] = _Cached(self._clock(), reading)
         return reading
 
-    def forget(self, namespace: str, service: str) -> None:
-        """Drops a deleted InferenceService's cached reading."""
-        with self._lock:
-            self._cache.pop((namespace, service), None)
-
     def _query(self, namespace: str, service: str, metrics: EngineMetrics) -> EngineReading | None:
         query = series_query(namespace, service, metrics)
         observed_at = datetime.now(UTC)
