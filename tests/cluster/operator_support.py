@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -110,8 +110,10 @@ class OperatorProcess:
         log_path: Path,
         interval: float = 1.0,
         peering: str | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.peering = peering
+        self.extra_args = tuple(extra_args)
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log_path
@@ -127,6 +129,7 @@ class OperatorProcess:
             *("--interval", str(self.interval)),
             *("--metrics-port", str(self.metrics_port)),
             "--verbose",
+            *self.extra_args,
         ]
         env = {**os.environ, "KUBECONFIG": self.kubeconfig}
         with self.log_path.open("ab") as log:
@@ -186,10 +189,12 @@ class OperatorProcess:
 
 
 @contextmanager
-def operator_running(kube: Kube, namespace: str, log_path: Path) -> Iterator[OperatorProcess]:
+def operator_running(
+    kube: Kube, namespace: str, log_path: Path, extra_args: Sequence[str] = ()
+) -> Iterator[OperatorProcess]:
     """A standalone operator for one namespace; its InferenceServices are deleted before it
     stops (kopf's finalizer is lifted only by a running operator)."""
-    process = OperatorProcess(kube.state.kubeconfig, namespace, log_path)
+    process = OperatorProcess(kube.state.kubeconfig, namespace, log_path, extra_args=extra_args)
     process.start()
     try:
         yield process
