@@ -63,7 +63,8 @@ class TinyShape:
 
 
 PRESETS: dict[str, TinyShape] = {
-    # Same shape as tests/fixtures/vllm/cpu-tiny-head80.config.json.
+    # The shape of tests/fixtures/vllm/cpu-tiny-head80.config.json (its vocab size is its
+    # tokenizer's, trained on other text).
     "head80": TinyShape(name="head80", head_dim=80),
     "head32": TinyShape(name="head32", head_dim=32),
     "head16": TinyShape(name="head16", head_dim=16),

@@ -47,6 +47,7 @@ __all__ = [
     "server",
     "start_engine",
     "termination_message",
+    "tiny_model",
 ]
 
 
