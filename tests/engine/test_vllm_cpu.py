@@ -152,11 +152,6 @@ def test_head_dim_16_dies_at_the_first_request_and_exits_0(
     assert crash.exit_code == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the evidence wrapper writes the termination log only on a non-zero exit, "
-    "and vLLM exits 0 after a crash once it is serving",
-)
 def test_head_dim_16_crash_reaches_the_termination_message(
     head16_first_request: CrashAfterStart,
 ) -> None:

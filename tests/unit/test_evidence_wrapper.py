@@ -100,6 +100,14 @@ def test_crash_after_ready_says_the_engine_had_served(tmp_path: Path) -> None:
     assert "Application startup complete" in run.message.splitlines()[1]
 
 
+def test_crash_after_serving_is_recorded_even_when_vllm_exits_0(tmp_path: Path) -> None:
+    fixture = "cpu-v0.32.0-tiny-head16-auto-first-request-500-exit0.log"
+    run = run_wrapper(tmp_path, replay(fixture, 0))
+    assert run.returncode == 0
+    assert run.message is not None
+    assert "Unsupported CPU attention configuration: head_dim=16" in run.message
+
+
 def test_start_up_crash_does_not_claim_the_engine_served(tmp_path: Path) -> None:
     run = run_wrapper(tmp_path, replay("cpu-v0.32.0-tiny-head80-fp8-crash.log", 1))
     assert run.message is not None

@@ -208,7 +208,10 @@ def run(command: list[str], termination_log: str) -> int:
         pump.join(timeout=PUMP_GRACE_SECONDS)
 
     exit_code = returncode if returncode >= 0 else 128 - returncode
-    if exit_code != 0:
+    # vLLM exits 0 after its engine dies once it is serving (a crash at the first request):
+    # error lines with no stop request from us are a failure whatever the exit code says.
+    failed_quietly = exit_code == 0 and bool(evidence.causes) and not forwarded
+    if exit_code != 0 or failed_quietly:
         note = ""
         if returncode < 0:
             note += f" (killed by signal {-returncode})"
