@@ -302,8 +302,9 @@ def run(
     prometheus_url: Annotated[
         str | None,
         typer.Option(
+            envvar="KVQ_PROMETHEUS_URL",  # a URL with credentials can come from a Secret
             help="Prometheus that scrapes the engines (series labelled namespace and service); "
-            "its KV cache usage, requests and KV capacity go into status.metrics"
+            "its KV cache usage, requests and KV capacity go into status.metrics",
         ),
     ] = None,
     metrics_interval: Annotated[
