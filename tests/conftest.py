@@ -5,8 +5,8 @@ one cluster for the whole session (building the pinned binaries if they are not 
 the session's end stops it. Tests that ask for none of these never start anything.
 
 Environment: KVQ_TEST_PROFILE picks the cluster profile (default hetero);
-KVQ_TEST_CLUSTER names the run dir (default derived from this checkout's path, so a
-developer's and CI's clusters never share state).
+KVQ_TEST_CLUSTER names the run dir (default: one per checkout and pytest process, removed
+after a passing session; kept, minus etcd's data, for its logs when a test failed).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,14 +31,14 @@ CLUSTER_START_TIMEOUT = 300.0
 
 
 def _session_cluster_name() -> str:
-    checkout = str(Path(__file__).resolve().parents[1])
-    return os.environ.get(
-        "KVQ_TEST_CLUSTER", "pytest-" + hashlib.sha256(checkout.encode()).hexdigest()[:8]
-    )
+    # Checkout and pid: sessions running side by side (CI, a developer, a second terminal)
+    # each get their own cluster instead of restarting each other's.
+    checkout = hashlib.sha256(str(Path(__file__).resolve().parents[1]).encode()).hexdigest()[:8]
+    return os.environ.get("KVQ_TEST_CLUSTER") or f"pytest-{checkout}-{os.getpid()}"
 
 
 @pytest.fixture(scope="session")
-def kube() -> Iterator[Kube]:
+def kube(request: pytest.FixtureRequest) -> Iterator[Kube]:
     name = _session_cluster_name()
     state = cluster.up(
         name=name,
@@ -50,6 +51,10 @@ def kube() -> Iterator[Kube]:
     finally:
         close_client(api)
         cluster.down(name)
+        # etcd's data is most of the run dir; the logs and PKI stay when a test failed.
+        shutil.rmtree(Path(state.run_dir) / "etcd-data", ignore_errors=True)
+        if request.session.testsfailed == 0 and "KVQ_TEST_CLUSTER" not in os.environ:
+            shutil.rmtree(state.run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

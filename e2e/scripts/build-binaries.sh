@@ -25,6 +25,8 @@ log() { echo "[build-binaries] $*" >&2; }
 # wrapper_module NAME: a throwaway module (unique per run) that only requires what we build.
 wrapper_module() {
   w=$(mktemp -d "$work_root/$1.XXXXXX")
+  # Each build runs in a subshell: its work dir goes when it ends, built or failed.
+  trap 'rm -rf "$w"' EXIT
   (cd "$w" && go mod init kvq.local/build >/dev/null 2>&1)
 }
 
