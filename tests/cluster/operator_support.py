@@ -168,6 +168,13 @@ class OperatorProcess:
                     total += sample.value
         return total
 
+    def stacks_and_log(self) -> str:
+        """Every thread's stack (SIGUSR1 -> faulthandler), then the log's end."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGUSR1)
+            wait_until(lambda: "Thread 0x" in self.log_tail(400), what="a stack dump", timeout=10)
+        return self.log_tail(400)
+
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.is_file():
             return ""
@@ -202,7 +209,7 @@ def operator_running(
         try:
             if process.process is None:
                 process.start()
-            delete_inference_services(kube, namespace, describe=process.log_tail)
+            delete_inference_services(kube, namespace, describe=process.stacks_and_log)
         finally:
             process.stop()
 

@@ -6,8 +6,10 @@ interval and the watched namespaces come from the command line.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import secrets
+import signal
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -126,6 +128,8 @@ def run(options: RunOptions) -> None:
     # kopf reports every handler pass at INFO; at a 10 s timer that drowns kvq's own lines.
     logging.getLogger("kopf.objects").setLevel(logging.INFO if options.verbose else logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every liveness probe
+    # `kill -USR1 <pid>` prints every thread's stack: how to see where a reconcile hangs.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     serve_metrics(options.metrics_port)
     kopf.run(
         registry=build_registry(options.interval),

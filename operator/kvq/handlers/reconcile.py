@@ -75,7 +75,7 @@ def reconcile(
     now = now or datetime.now(UTC)
     raw = plain(body)
     meta = raw["metadata"]
-    if meta.get("deletionTimestamp"):
+    if _being_deleted(raw):
         RECONCILES.labels(result="deleting").inc()
         return None
     with runtime.lock_for(meta["uid"]):
@@ -84,6 +84,9 @@ def reconcile(
                 outcome = _reconcile_valid(runtime, raw, observed, now)
             except StatusConflictError:
                 raw = read_inference_service(runtime.clients, meta["namespace"], meta["name"])
+                if _being_deleted(raw):
+                    # Never write to an object on its way out: kopf is lifting its finalizer.
+                    raise ObjectGoneError("being deleted") from None
                 outcome = _reconcile_valid(runtime, raw, observed, now)
         except ObjectGoneError:
             # Deleted under a reconcile that read it earlier; the garbage collector takes
@@ -103,6 +106,10 @@ def reconcile(
             raise
     RECONCILES.labels(result="ok").inc()
     return outcome
+
+
+def _being_deleted(raw: Mapping[str, Any]) -> bool:
+    return bool(raw["metadata"].get("deletionTimestamp"))
 
 
 def _reconcile_valid(
