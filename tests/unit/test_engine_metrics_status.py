@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from kvq.decide import decide
 from kvq.decide.metrics import EngineReading
-from tests.unit.test_decide import T0, conditions, isvc, snapshot, with_status
+from tests.unit.test_decide import (
+    T0,
+    conditions,
+    deployment_of,
+    isvc,
+    snapshot,
+    with_status,
+)
 
 
 def reading(at_seconds: float, **values: Any) -> EngineReading:
@@ -23,15 +31,38 @@ def reading(at_seconds: float, **values: Any) -> EngineReading:
     return EngineReading(observed_at=T0 + timedelta(seconds=at_seconds), **defaults)
 
 
+LIVE: dict[str, Any] = {}
+
+
 def placed() -> tuple[dict[str, Any], int]:
     body = isvc()
     first = decide(snapshot(body))
+    LIVE.clear()
+    LIVE.update(rolled_out(deployment_of(first)))
     return with_status(body, first), first.status["capacity"]["kvTokens"]
 
 
-def decide_with(body: dict[str, Any], metrics: EngineReading, seconds: float) -> Any:
-    snap = snapshot(body, now=T0 + timedelta(seconds=seconds))
-    return decide(type(snap)(**{**snap.__dict__, "engine_metrics": metrics}))
+def rolled_out(deployment: dict[str, Any], ready: int = 1) -> dict[str, Any]:
+    live = copy.deepcopy(deployment)
+    live["metadata"]["generation"] = 1
+    live["status"] = {
+        "observedGeneration": 1,
+        "replicas": 1,
+        "updatedReplicas": ready,
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+    }
+    return live
+
+
+def decide_with(
+    body: dict[str, Any], metrics: EngineReading, seconds: float, *, ready: int = 1
+) -> Any:
+    live = copy.deepcopy(LIVE)
+    live["status"]["updatedReplicas"] = live["status"]["readyReplicas"] = ready
+    live["status"]["availableReplicas"] = ready
+    snap = snapshot(body, now=T0 + timedelta(seconds=seconds), deployment=live)
+    return decide(replace(snap, engine_metrics=metrics))
 
 
 def test_first_reading_is_written_with_its_time() -> None:
@@ -81,6 +112,12 @@ def test_engine_capacity_off_by_more_than_five_percent_is_a_condition_and_an_eve
     message = next(c for c in plan.status["conditions"] if c["type"] == "CapacityMismatch")
     assert "(10% off)" in message["message"]
     assert "CapacityMismatch" in [e.reason for e in plan.events]
+
+
+def test_no_capacity_verdict_while_a_rollout_is_under_way() -> None:
+    body, planned = placed()
+    plan = decide_with(body, reading(0, kv_tokens=planned // 2), 0, ready=0)
+    assert "CapacityMismatch" not in conditions(plan)
 
 
 def test_engine_running_another_dtype_is_reported() -> None:

@@ -129,7 +129,8 @@ class MetricsStatus(KubeModel):
     engine_kv_tokens: int | None = None
     """KV capacity in tokens reported by the engine."""
     observed_at: str | None = None
-    """When the metrics were read (RFC 3339)."""
+    """When the stored figures were read (RFC 3339). kvq reads more often but rewrites
+    status only when a figure moved, at most once a minute."""
 
 
 class InferenceServiceStatus(KubeModel):

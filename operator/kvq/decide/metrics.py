@@ -60,7 +60,11 @@ def capacity_condition(
     capacity: CapacityStatus | None,
     effective: EffectiveStatus | None,
 ) -> ConditionUpdate | None:
-    """CapacityMismatch from the engine's own figures; None until the engine reported."""
+    """CapacityMismatch from the engine's own figures; None while there is nothing to compare.
+
+    The caller asks only once the Deployment runs the current spec on every replica: during
+    a rollout the old replicas still report the old capacity.
+    """
     if metrics is None or metrics.engine_kv_tokens is None or capacity is None:
         return None
     planned = capacity.kv_tokens
@@ -85,6 +89,8 @@ def capacity_condition(
         )
     if problems:
         return ConditionUpdate("CapacityMismatch", "True", "EngineDisagrees", "; ".join(problems))
+    if not planned:
+        return None
     return ConditionUpdate(
         "CapacityMismatch",
         "False",

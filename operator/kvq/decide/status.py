@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvq.api import keys
 from kvq.api.status import (
     CapacityStatus,
     EffectiveStatus,
@@ -72,7 +73,7 @@ def build_status(
         previous.metrics, snap.engine_metrics, min_interval=snap.config.metrics_min_interval
     )
     mismatch = capacity_condition(metrics, capacity, effective)
-    if mismatch is not None:
+    if mismatch is not None and _rolled_out(snap, outcome):
         updates.append(mismatch)
     return InferenceServiceStatus(
         observed_generation=generation,
@@ -135,17 +136,8 @@ def _ready(snap: Snapshot, outcome: Outcome) -> ConditionUpdate:
     want = snap.isvc.spec.replicas
     if want == 0:
         return ConditionUpdate("Ready", "True", "ScaledToZero", "spec.replicas is 0.")
-    deployment = snap.deployment or {}
-    template = deployment.get("spec", {}).get("template", {}).get("metadata", {})
-    live_hash = (template.get("annotations") or {}).get("kvq.dev/spec-hash")
-    st = deployment.get("status") or {}
-    current = (
-        live_hash == outcome.pod_hash
-        and st.get("observedGeneration", 0) >= deployment.get("metadata", {}).get("generation", 1)
-        and st.get("updatedReplicas", 0) >= want
-    )
-    ready = st.get("readyReplicas", 0)
-    if current and ready >= want and st.get("availableReplicas", 0) >= want:
+    ready = int((snap.deployment or {}).get("status", {}).get("readyReplicas") or 0)
+    if _rolled_out(snap, outcome):
         assert outcome.effective is not None and outcome.outlook is not None
         pool = outcome.outlook.choice.chosen
         where = f" on pool {pool.pool.name}" if pool else ""
@@ -158,6 +150,23 @@ def _ready(snap: Snapshot, outcome: Outcome) -> ConditionUpdate:
         return ConditionUpdate("Ready", "False", str(outcome.failure.kind), outcome.failure.reason)
     return ConditionUpdate(
         "Ready", "False", "Progressing", f"{ready}/{want} replicas of the current spec ready."
+    )
+
+
+def _rolled_out(snap: Snapshot, outcome: Outcome) -> bool:
+    """Every replica runs the current rendering and is available."""
+    want = snap.isvc.spec.replicas
+    deployment = snap.deployment or {}
+    template = deployment.get("spec", {}).get("template", {}).get("metadata", {})
+    live_hash = (template.get("annotations") or {}).get(keys.ANNOTATION_SPEC_HASH)
+    st = deployment.get("status") or {}
+    return (
+        outcome.pod_hash is not None
+        and live_hash == outcome.pod_hash
+        and st.get("observedGeneration", 0) >= deployment.get("metadata", {}).get("generation", 1)
+        and st.get("updatedReplicas", 0) >= want
+        and st.get("readyReplicas", 0) >= want
+        and st.get("availableReplicas", 0) >= want
     )
 
 
