@@ -140,6 +140,63 @@ def test_optional_monitoring_objects(tmp_path: Path) -> None:
     assert '"uid": "kvq-overview"' in dashboard["data"]["kvq-overview.json"]
 
 
+def test_engine_metrics_wiring_matches_what_kvq_renders(tmp_path: Path) -> None:
+    from kvq.api.models import InferenceService
+    from kvq.catalog.gpus import load_gpu_catalog
+    from kvq.placement.pool import pool_for_gpu
+    from kvq.render import effective_settings, render_manifests
+
+    values = {
+        "engineMetrics": {
+            "prometheusUrl": "http://prometheus-operated.monitoring:9090",
+            "prometheusUrlSecretRef": {"name": "", "key": "url"},
+            "interval": 60,
+            "serviceMonitor": {"enabled": True},
+        }
+    }
+    docs = render(tmp_path, values)
+    args = container(docs)["args"]
+    assert "--prometheus-url=http://prometheus-operated.monitoring:9090" in args
+    assert "--metrics-interval=60" in args
+    (monitor,) = find(docs, "ServiceMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    # The engine Service kvq renders is what the ServiceMonitor selects, on its named port.
+    isvc = InferenceService.model_validate(
+        {
+            "apiVersion": "kvq.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": "m", "namespace": "team"},
+            "spec": {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B"}},
+        }
+    )
+    gpu = load_gpu_catalog().lookup("H100")
+    assert gpu is not None
+    objects = render_manifests(isvc, pool_for_gpu(gpu), effective_settings(isvc, gpu))
+    service = next(o for o in objects if o["kind"] == "Service")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_a_prometheus_url_with_credentials_comes_from_a_secret(tmp_path: Path) -> None:
+    values = {
+        "engineMetrics": {
+            "prometheusUrl": "",
+            "prometheusUrlSecretRef": {"name": "prom-url", "key": "url"},
+            "interval": 60,
+            "serviceMonitor": {"enabled": False},
+        }
+    }
+    env = {e["name"]: e for e in container(render(tmp_path, values))["env"]}
+    assert env["KVQ_PROMETHEUS_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "prom-url",
+        "key": "url",
+    }
+    assert not any(
+        a.startswith("--prometheus-url") for a in container(render(tmp_path, values))["args"]
+    )
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
