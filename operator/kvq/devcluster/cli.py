@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from kvq.devcluster import cluster
+from kvq.devcluster.profiles import load_profile
 
 app = typer.Typer(
     help="Local Kubernetes control plane (real etcd/apiserver/controllers, KWOK GPU nodes).",
@@ -30,6 +32,11 @@ def up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 180.0,
 ) -> None:
     """Start a fresh cluster with the profile's GPU node pools and wait until it is ready."""
+    try:
+        load_profile(profile)
+    except (FileNotFoundError, ValidationError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from error
     try:
         state = cluster.up(name=name, profile=profile, kubeconfig=kubeconfig, timeout=timeout)
     except cluster.ClusterStartError as error:
