@@ -31,7 +31,7 @@ test-helm:
 
 # Everything but the real-vLLM tier (make test-engine): pytest's exit 5 (nothing collected)
 # is a failure here, not a pass.
-test: lint typecheck prometheus
+test: lint typecheck binaries prometheus
 	@$(PY) -m pytest -m "not engine" tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
