@@ -60,6 +60,11 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=keys.GROUP)
     # kopf blocks deletion while a timer runs on the object; the marker is kvq's own key.
     settings.persistence.finalizer = keys.FINALIZER
+    # A deletion that lands while a (sync) timer pass runs waits for that pass to end: give
+    # it half a second, then re-check every second. kopf's default re-checks after 60 s,
+    # which held deletions for a minute whenever they met a running reconcile.
+    settings.background.instant_exit_timeout = 0.5
+    settings.background.cancellation_polling = 1.0
     clients = Clients(load_api_client())
     clients.discover()
     options: RunOptions = memo.get("options") or RunOptions()
