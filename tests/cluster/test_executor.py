@@ -181,10 +181,11 @@ def test_the_same_plan_again_writes_nothing(
 ) -> None:
     plan = hand_plan(isvc)
     execute(clients, plan, isvc, NOW)
-    # The controllers fill in the Deployment's status and revision: not kvq's to undo.
+    # The controllers fill in the Deployment's status and revision (not kvq's to undo);
+    # once its pod is available they stop writing, so the resourceVersion is kvq's to keep.
     wait_until(
-        lambda: deployment(kube, namespace).status.observed_generation,
-        what="the Deployment controller to observe the Deployment",
+        lambda: deployment(kube, namespace).status.available_replicas == 1,
+        what="the Deployment to settle with its pod available",
     )
     versions = {
         "deployment": deployment(kube, namespace).metadata.resource_version,
