@@ -8,6 +8,7 @@ blocks of `block_size` tokens across all layers; concurrency = tokens / max_mode
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -122,10 +123,10 @@ def plan_capacity(
     `max_num_seqs` / `max_num_batched_tokens` default to what `vllm serve` picks on this
     GPU; `max_model_len` defaults to the model's max_position_embeddings.
     """
-    plan = _plan_gpu(
+    plan_for = partial(
+        _plan_gpu,
         arch,
         gpu,
-        kv_cache_dtype,
         tensor_parallel=tensor_parallel,
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
@@ -134,20 +135,10 @@ def plan_capacity(
         max_num_batched_tokens=max_num_batched_tokens,
         weight_format=weight_format,
     )
+    plan = plan_for(kv_cache_dtype)
     if kv_cache_dtype == "auto":
         return plan
-    auto = _plan_gpu(
-        arch,
-        gpu,
-        "auto",
-        tensor_parallel=tensor_parallel,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len,
-        block_size=block_size,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        weight_format=weight_format,
-    )
+    auto = plan_for("auto")
     return plan.model_copy(update={"ratio_vs_auto": _ratio(plan, auto)})
 
 
