@@ -15,12 +15,9 @@ from kvq.fallback.ladder import (
     LadderDecision,
     Rung,
     RungOption,
-    RungSettings,
-    awq_quantization,
     current_rung,
     next_rung,
     record_attempt,
-    rung_settings,
     start_rung,
 )
 
@@ -158,33 +155,6 @@ def test_record_attempt_bounds_the_evidence() -> None:
     attempt = record_attempt(decision, current="requested", excerpt="x" * 5000, at=T0, generation=7)
     assert attempt == Attempt(Rung.REQUESTED, Rung.AUTO, "moved", attempt.excerpt, T0, 7)
     assert len(attempt.excerpt.encode()) <= 1024
-
-
-@pytest.mark.parametrize(
-    ("capability", "expected"),
-    [((10, 0), "awq_marlin"), ((9, 0), "awq_marlin"), ((8, 0), "awq_marlin"),
-     ((7, 5), "awq"), ((7, 0), None), (None, None)],
-)  # fmt: skip
-def test_awq_kernel_by_compute_capability(
-    capability: tuple[int, int] | None, expected: str | None
-) -> None:
-    assert awq_quantization(capability) == expected
-
-
-def test_rung_settings() -> None:
-    settings = partial(rung_settings, requested_dtype="fp8", model_uri="hf://m/base")
-    ada = (8, 9)
-    assert settings("requested", awq_model_uri=None, compute_capability=ada) == RungSettings(
-        "hf://m/base", "fp8", None
-    )
-    assert settings("auto", awq_model_uri=None, compute_capability=ada) == RungSettings(
-        "hf://m/base", "auto", None
-    )
-    assert settings("awq", awq_model_uri="hf://m/awq", compute_capability=ada) == RungSettings(
-        "hf://m/awq", "auto", "awq_marlin"
-    )
-    assert settings("awq", awq_model_uri=None, compute_capability=ada) is None
-    assert settings("awq", awq_model_uri="hf://m/awq", compute_capability=(7, 0)) is None
 
 
 # --- property: bounded, never repeats, prefers capacity -------------------------------

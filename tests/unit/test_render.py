@@ -405,3 +405,16 @@ def test_version_from_spec_wins_over_the_tag() -> None:
     effective = effective_settings(service, gpu(H100))
     assert effective.engine_version == "0.17.0"
     assert "--swap-space" in engine_args(service, pool(H100), effective).args
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"),
+    [((10, 0), "awq_marlin"), ((9, 0), "awq_marlin"), ((8, 0), "awq_marlin"),
+     ((7, 5), "awq"), ((7, 0), None)],
+)  # fmt: skip
+def test_awq_kernel_by_compute_capability(
+    capability: tuple[int, int], expected: str | None
+) -> None:
+    from kvq.render.settings import awq_quantization
+
+    assert awq_quantization(capability) == expected

@@ -18,12 +18,9 @@ from kvq.fallback.ladder import (
     LadderDecision,
     Rung,
     RungOption,
-    RungSettings,
-    awq_quantization,
     current_rung,
     next_rung,
     record_attempt,
-    rung_settings,
     start_rung,
 )
 
@@ -35,14 +32,11 @@ __all__ = [
     "LadderDecision",
     "Rung",
     "RungOption",
-    "RungSettings",
-    "awq_quantization",
     "bound_excerpt",
     "classify_failure",
     "current_rung",
     "evidence_from_pod",
     "next_rung",
     "record_attempt",
-    "rung_settings",
     "start_rung",
 ]

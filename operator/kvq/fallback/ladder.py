@@ -60,15 +60,6 @@ class LadderDecision:
     exhausted: bool
 
 
-@dataclass(frozen=True)
-class RungSettings:
-    """What a rung changes in the rendered engine."""
-
-    model_uri: str
-    kv_cache_dtype: str
-    quantization: str | None
-
-
 def next_rung(
     *,
     requested_dtype: str,
@@ -217,41 +208,6 @@ def record_attempt(
         generation=generation,
         static=static,
     )
-
-
-def rung_settings(
-    rung: Rung | str,
-    *,
-    requested_dtype: str,
-    model_uri: str,
-    awq_model_uri: str | None,
-    compute_capability: tuple[int, int] | None,
-) -> RungSettings | None:
-    """The model, KV dtype and quantization a rung renders; None if it cannot exist here."""
-    rung = Rung(rung)
-    if rung is Rung.REQUESTED:
-        return RungSettings(model_uri, requested_dtype, None)
-    if rung is Rung.AUTO:
-        return RungSettings(model_uri, "auto", None)
-    quantization = awq_quantization(compute_capability)
-    if awq_model_uri is None or quantization is None:
-        return None
-    return RungSettings(awq_model_uri, "auto", quantization)
-
-
-def awq_quantization(compute_capability: tuple[int, int] | None) -> str | None:
-    """The `--quantization` value for an AWQ model on a GPU, None if AWQ cannot run there.
-
-    vLLM's awq_marlin kernels need compute capability 8.0 (AWQMarlinConfig
-    min capability 80); the plain AWQ kernel needs Turing, 7.5 (AWQConfig: 75).
-    """
-    if compute_capability is None:
-        return None
-    if compute_capability >= (8, 0):
-        return "awq_marlin"
-    if compute_capability >= (7, 5):
-        return "awq"
-    return None
 
 
 def _label(rung: Rung, requested_dtype: str) -> str:

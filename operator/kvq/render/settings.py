@@ -13,6 +13,7 @@ Rung = Literal["requested", "auto", "awq"]
 
 # AWQ-Marlin kernels need Ampere (8.0) or newer; older GPUs run the plain AWQ kernels.
 _MARLIN_MIN_CC = (8, 0)
+_AWQ_MIN_CC = (7, 5)
 
 
 class RenderError(ValueError):
@@ -33,8 +34,17 @@ class EffectiveSettings:
     image: str
 
 
-def awq_quantization(gpu: GpuModel) -> str:
-    return "awq_marlin" if gpu.compute_capability >= _MARLIN_MIN_CC else "awq"
+def awq_quantization(compute_capability: tuple[int, int]) -> str | None:
+    """The `--quantization` value for an AWQ model on a GPU, None if AWQ cannot run there.
+
+    vLLM's awq_marlin kernels need compute capability 8.0 (AWQMarlinConfig min capability
+    80); the plain AWQ kernel needs Turing, 7.5 (AWQConfig: 75).
+    """
+    if compute_capability >= _MARLIN_MIN_CC:
+        return "awq_marlin"
+    if compute_capability >= _AWQ_MIN_CC:
+        return "awq"
+    return None
 
 
 def engine_image_and_version(isvc: InferenceService) -> tuple[str, str]:
@@ -64,4 +74,10 @@ def effective_settings(
         return EffectiveSettings("auto", spec.model.uri, None, version, image)
     if spec.model.awq is None:
         raise RenderError("the awq rung needs spec.model.awq.uri")
-    return EffectiveSettings("auto", spec.model.awq.uri, awq_quantization(gpu), version, image)
+    quantization = awq_quantization(gpu.compute_capability)
+    if quantization is None:
+        raise RenderError(
+            f"AWQ kernels need compute capability 7.5 or newer; {gpu.product} has "
+            f"{gpu.compute_capability_str}"
+        )
+    return EffectiveSettings("auto", spec.model.awq.uri, quantization, version, image)
