@@ -65,9 +65,13 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     # which held deletions for a minute whenever they met a running reconcile.
     settings.background.instant_exit_timeout = 0.5
     settings.background.cancellation_polling = 1.0
+    options: RunOptions = memo.get("options") or RunOptions()
+    # Given exact namespaces, kopf need not list Namespaces (the chart's namespaced RBAC
+    # forbids it, and kopf retried for ~55 s before falling back to the names it had).
+    if options.namespaces and not options.all_namespaces:
+        settings.scanning.disabled = True
     clients = Clients(load_api_client())
     clients.discover()
-    options: RunOptions = memo.get("options") or RunOptions()
     config = OperatorConfig(metrics_min_interval=timedelta(seconds=options.metrics_interval))
     memo.runtime = Runtime(
         catalogs=Catalogs(
