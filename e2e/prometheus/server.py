@@ -134,6 +134,10 @@ def prometheus_running(
         running.stop()
 
 
+# /-/ready is polled (with the deadline below), not waited on blindly.
+READY_POLL_INTERVAL_S = 0.2
+
+
 def _wait_ready(running: RunningPrometheus, deadline_s: float) -> None:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -143,7 +147,7 @@ def _wait_ready(running: RunningPrometheus, deadline_s: float) -> None:
             )
         if _ready(running.url):
             return
-        time.sleep(0.2)
+        time.sleep(READY_POLL_INTERVAL_S)
     raise TimeoutError(f"prometheus not ready within {deadline_s:.0f} s:\n{running.log()}")
 
 
