@@ -310,6 +310,15 @@ def run(
     metrics_interval: Annotated[
         float, typer.Option(min=1.0, help="Least seconds between status.metrics writes")
     ] = 60.0,
+    pool_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pool-label",
+            help="Node label that names a GPU pool, tried in order (repeat); default: "
+            "kvq.dev/pool, karpenter.sh/nodepool, cloud.google.com/gke-nodepool, "
+            "eks.amazonaws.com/nodegroup, kubernetes.azure.com/agentpool",
+        ),
+    ] = None,
 ) -> None:
     """Run the operator: reconcile InferenceServices until stopped."""
     from kvq.handlers.operator import RunOptions
@@ -331,6 +340,7 @@ def run(
             verbose=verbose,
             prometheus_url=prometheus_url,
             metrics_interval=metrics_interval,
+            pool_labels=tuple(pool_label or ()),
         )
     )
 

@@ -178,6 +178,15 @@ def test_engine_metrics_wiring_matches_what_kvq_renders(tmp_path: Path) -> None:
     assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
 
 
+def test_pool_labels_reach_the_operator(tmp_path: Path) -> None:
+    values = {"poolLabels": ["team.example.com/gpu-pool", "karpenter.sh/nodepool"]}
+    args = container(render(tmp_path, values))["args"]
+    assert [a for a in args if a.startswith("--pool-label")] == [
+        "--pool-label=team.example.com/gpu-pool",
+        "--pool-label=karpenter.sh/nodepool",
+    ]
+
+
 def test_a_prometheus_url_with_credentials_comes_from_a_secret(tmp_path: Path) -> None:
     values = {
         "engineMetrics": {

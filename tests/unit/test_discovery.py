@@ -88,3 +88,15 @@ def test_gpu_product_from_each_provider_label(labels: dict[str, str], product_pr
     }
     [pool] = discover_pools([node], CATALOG).pools
     assert pool.gpu.product.startswith(product_prefix)
+
+
+def test_a_configured_pool_label_wins() -> None:
+    nodes = ready_nodes("hetero")
+    for node in nodes:
+        labels = node["metadata"]["labels"]
+        labels["team.example.com/gpu-pool"] = "team-" + labels["nvidia.com/gpu.product"].lower()
+    inventory = discover_pools(nodes, CATALOG, pool_labels=("team.example.com/gpu-pool",))
+    assert len(inventory.pools) == 6
+    h200 = next(p for p in inventory.pools if p.name == "team-nvidia-h200")
+    assert h200.node_selector == {"team.example.com/gpu-pool": "team-nvidia-h200"}
+    assert h200.gpu.product == "H200"

@@ -27,6 +27,7 @@ from kvq.handlers.reconcile import Observed, Runtime, reconcile
 from kvq.k8s.clients import Clients, load_api_client
 from kvq.metrics import serve_metrics
 from kvq.observe.prometheus import PrometheusReader, min_query_gap
+from kvq.placement.discovery import DEFAULT_POOL_LABELS
 
 DEFAULT_INTERVAL = 10.0
 DEFAULT_METRICS_PORT = 8080
@@ -50,6 +51,8 @@ class RunOptions:
     """Where to read engine metrics for status.metrics (None: no metrics)."""
     metrics_interval: float = DEFAULT_METRICS_INTERVAL
     """Least seconds between two writes of status.metrics of one InferenceService."""
+    pool_labels: tuple[str, ...] = ()
+    """Node labels naming a GPU pool, tried in order; kvq's defaults when empty."""
 
 
 def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -72,7 +75,10 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
         settings.scanning.disabled = True
     clients = Clients(load_api_client())
     clients.discover()
-    config = OperatorConfig(metrics_min_interval=timedelta(seconds=options.metrics_interval))
+    config = OperatorConfig(
+        pool_labels=options.pool_labels or DEFAULT_POOL_LABELS,
+        metrics_min_interval=timedelta(seconds=options.metrics_interval),
+    )
     memo.runtime = Runtime(
         catalogs=Catalogs(
             gpus=load_gpu_catalog(),
