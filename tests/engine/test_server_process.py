@@ -15,7 +15,7 @@ from tests.engine.launch import server
 # group, as vLLM forks its engine core.
 HEALTHY_ENGINE = """
 import http.server, os, subprocess, sys
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
 print("child", child.pid, flush=True)
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -49,7 +49,7 @@ def test_an_engine_that_exits_during_start_up_returns_its_code_and_log(tmp_path:
 
 def test_an_engine_that_never_answers_is_stopped_at_the_deadline(tmp_path: Path) -> None:
     log = tmp_path / "engine.log"
-    argv = python("import os, time; print(os.getpid(), flush=True); time.sleep(600)")
+    argv = python("import os, signal; print(os.getpid(), flush=True); signal.pause()")
 
     with pytest.raises(TimeoutError):
         server.start_server(argv, server.free_port(), log, startup_deadline_s=1.0)

@@ -148,12 +148,12 @@ def test_no_error_line_falls_back_to_the_last_lines(tmp_path: Path) -> None:
 def test_sigterm_is_forwarded_to_the_engine(tmp_path: Path) -> None:
     marker = tmp_path / "got-sigterm"
     child_code = (
-        "import signal, sys, time\n"
+        "import signal, sys\n"
         "def stop(*_):\n"
         f"    open({str(marker)!r}, 'w').close(); sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, stop)\n"
         "print('ready', flush=True)\n"
-        "time.sleep(60)\n"
+        "signal.pause()  # runs until a signal arrives, like an engine\n"
     )
     with subprocess.Popen(
         [sys.executable, str(WRAPPER), "--", sys.executable, "-c", child_code],
