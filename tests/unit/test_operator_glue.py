@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from kvq.api import keys
 from kvq.api.validation import Violation
 from kvq.cli import app
+from kvq.decide.invalid import invalid_status
 from kvq.handlers.indices import by_inference_service
-from kvq.handlers.invalid import invalid_status
 from kvq.k8s.apply import comparable
 from kvq.k8s.status import without_nulls
 from kvq.metrics import count_event

@@ -15,11 +15,11 @@ from kvq.api.models import InferenceService
 from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
 from kvq.catalog.engines import EngineVersionError
 from kvq.decide import decide
+from kvq.decide.invalid import REASON as INVALID_REASON
+from kvq.decide.invalid import invalid_status
 from kvq.decide.metrics import EngineReading
 from kvq.decide.types import Catalogs, EventSpec, OperatorConfig, Plan, Snapshot
 from kvq.handlers.indices import EngineKey, plain
-from kvq.handlers.invalid import REASON as INVALID_REASON
-from kvq.handlers.invalid import invalid_status
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.executor import Outcome, execute
