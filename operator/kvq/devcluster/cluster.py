@@ -244,27 +244,34 @@ def _apiserver_args(bins: Binaries, ports: dict[str, int], pki: Pki) -> list[str
     ]
 
 
+def _serving_args(binary: Path, kubeconfig: Path, port: int, pki: Pki) -> list[str]:
+    """What controller-manager and scheduler share: identity, loopback TLS, one instance."""
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--tls-cert-file={pki.apiserver.cert}",
+        f"--tls-private-key-file={pki.apiserver.key}",
+        "--leader-elect=false",
+        "--v=1",
+    ]
+
+
 def _controller_manager_args(
     bins: Binaries, ports: dict[str, int], pki: Pki, configs: dict[str, Path]
 ) -> list[str]:
     kubeconfig = configs[pki_ids.CONTROLLER_MANAGER.name]
     return [
-        str(bins.kube_controller_manager),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={ports['controller-manager']}",
-        f"--tls-cert-file={pki.apiserver.cert}",
-        f"--tls-private-key-file={pki.apiserver.key}",
+        *_serving_args(bins.kube_controller_manager, kubeconfig, ports["controller-manager"], pki),
         f"--root-ca-file={pki.ca.cert}",
         f"--service-account-private-key-file={pki.service_account_key}",
         "--use-service-account-credentials=true",
         f"--cluster-signing-cert-file={pki.ca.cert}",
         f"--cluster-signing-key-file={pki.ca.key}",
         f"--service-cluster-ip-range={pki_ids.SERVICE_CIDR}",
-        "--leader-elect=false",
-        "--v=1",
     ]
 
 
@@ -272,18 +279,7 @@ def _scheduler_args(
     bins: Binaries, ports: dict[str, int], pki: Pki, configs: dict[str, Path]
 ) -> list[str]:
     kubeconfig = configs[pki_ids.SCHEDULER.name]
-    return [
-        str(bins.kube_scheduler),
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={ports['scheduler']}",
-        f"--tls-cert-file={pki.apiserver.cert}",
-        f"--tls-private-key-file={pki.apiserver.key}",
-        "--leader-elect=false",
-        "--v=1",
-    ]
+    return _serving_args(bins.kube_scheduler, kubeconfig, ports["scheduler"], pki)
 
 
 def _kwok_args(
