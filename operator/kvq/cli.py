@@ -226,24 +226,14 @@ def render(
         try:
             isvc = parse_inference_service(doc)
             settings = effective_settings(isvc, gpu_model, rung)  # type: ignore[arg-type]
-            verdict_error = _dtype_refusal(
-                settings.engine_version, settings.kv_cache_dtype, gpu_model
-            )
-            if verdict_error:
-                _fail(f"{isvc.metadata.name}: {verdict_error} (try --rung auto)")
             documents += render_manifests(isvc, pool_for_gpu(gpu_model, gpus_per_node), settings)
-        except (InvalidInferenceServiceError, RenderError) as error:
+        except InvalidInferenceServiceError as error:
             _fail(str(error))
+        except RenderError as error:
+            # The engine refuses the KV dtype on this GPU: a fallback rung may render.
+            hint = " (try --rung auto or --rung awq)" if "kvCache.dtype" in str(error) else ""
+            _fail(f"{isvc.metadata.name}: {error}{hint}")
     sys.stdout.write(dump_yaml(documents))
-
-
-def _dtype_refusal(version: str, dtype: str, gpu: Any) -> str | None:
-    from kvq.catalog.engines import load_engine_catalog
-
-    verdict = (
-        load_engine_catalog().capability(version).kv_dtype_verdict(dtype, gpu.compute_capability)
-    )
-    return None if verdict.ok else verdict.reason
 
 
 @app.command()
