@@ -9,12 +9,12 @@ and the fallback reasons, and exits non-zero if any outcome was not reached.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +23,10 @@ from typing import Any
 from kvq.devcluster import cluster
 from kvq.devcluster.paths import e2e_dir
 from kvq.devcluster.ports import allocate_ports
+from kvq.devcluster.waits import WaitTimeoutError, wait_until
 
 NAMESPACE = "kvq-demo"
 DEADLINE_SECONDS = 180.0
-POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -151,20 +151,22 @@ def _start_operator(kubeconfig: str, log_path: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_for_outcomes(kubectl: Callable[..., str], operator: subprocess.Popen[bytes]) -> list[str]:
-    deadline = time.monotonic() + DEADLINE_SECONDS
     pending = {e.name: e for e in EXPECTATIONS}
-    while pending and time.monotonic() < deadline:
+
+    def settled() -> bool:
         if operator.poll() is not None:
             print(f"    the operator exited with code {operator.returncode}")
-            break
+            return True
         items = json.loads(kubectl("get", "kis", "-n", NAMESPACE, "-o", "json"))["items"]
         for isvc in items:
             expectation = pending.get(isvc["metadata"]["name"])
             if expectation is not None and expectation.reached(isvc):
                 print(f"    reached: {expectation.name}: {expectation.what}", flush=True)
                 del pending[expectation.name]
-        if pending:
-            time.sleep(POLL_SECONDS)  # polling the API between checks, bounded by the deadline
+        return not pending
+
+    with contextlib.suppress(WaitTimeoutError):
+        wait_until(settled, what="the demo's outcomes", timeout=DEADLINE_SECONDS)
     return sorted(pending)
 
 
