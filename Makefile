@@ -70,3 +70,13 @@ cluster-down:
 
 cluster-status:
 	$(VENV)/bin/kvq dev-cluster status
+
+.PHONY: gpu-bundle test-gpu
+gpu-bundle: # offline vLLM 0.26.0 bundle for a GPU machine without internet (e2e/gpu/README.md)
+	$(PY) e2e/gpu/bundle.py
+
+# kvq's rendered vLLM command on this machine's NVIDIA GPU(s): never part of `make test` or CI.
+# On a machine without the project venv: make test-gpu VENV=/opt/torch/.venv (e2e/gpu/README.md)
+GPU_PYTHON ?= python3
+test-gpu:
+	$(GPU_PYTHON) e2e/gpu/run.py $(GPU_ARGS)

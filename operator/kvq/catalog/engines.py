@@ -133,6 +133,8 @@ class EngineCapability:
     default_gpu_memory_utilization: float
     launcher: Launcher
     hardware: tuple[HardwareRule, ...]
+    known_slow: tuple[HardwareRule, ...] = ()
+    """Dtypes that run but were measured much slower than auto (the rule's `ok` is True)."""
 
     def has_flag(self, flag: str) -> bool:
         return flag in self.flags
@@ -141,7 +143,7 @@ class EngineCapability:
         """Whether `requested_dtype` (an API value) runs on this engine and this GPU."""
         if requested_dtype == "auto":
             return Verdict(True, "auto", "auto keeps the model's own dtype for the KV cache")
-        engine_value = self._engine_value(requested_dtype)
+        engine_value = self.engine_value(requested_dtype)
         if engine_value is None:
             return Verdict(False, None, self._missing_dtype_reason(requested_dtype))
         cc_text = f"{compute_capability[0]}.{compute_capability[1]}"
@@ -200,7 +202,16 @@ class EngineCapability:
         until = f" to {_fmt(known.until)}" if known.until else " on"
         return f"vLLM {self.version} has no {flag} (vLLM has it from {_fmt(known.since)}{until})"
 
-    def _engine_value(self, requested: str) -> str | None:
+    def slow_warning(self, requested_dtype: str, compute_capability: Minor) -> str | None:
+        """A measured slowdown of this dtype on this GPU family, None where none is known."""
+        engine_value = self.engine_value(requested_dtype)
+        for rule in self.known_slow:
+            if engine_value is not None and rule.matches(engine_value, compute_capability):
+                return f"{engine_value} is slow here: {rule.reason}"
+        return None
+
+    def engine_value(self, requested: str) -> str | None:
+        """The `--kv-cache-dtype` value for an API dtype, None if this version lacks it."""
         if requested == "int8":
             return _INT8_ENGINE_VALUE if _INT8_ENGINE_VALUE in self.kv_cache_dtypes else None
         return requested if requested in self.kv_cache_dtypes else None
@@ -310,18 +321,8 @@ def _build_capability(raw: dict[str, Any], version: str, minor: Minor) -> Engine
         )
         for name, rule in raw["backend_block_sizes"].items()
     }
-    hardware = tuple(
-        HardwareRule(
-            dtypes=frozenset(rule["dtypes"]),
-            cc_min=_cc(rule.get("cc_min")),
-            cc_max=_cc(rule.get("cc_max")),
-            ok=bool(rule["ok"]),
-            reason=str(rule["reason"]),
-            origin=_origin(rule),
-        )
-        for rule in raw["hardware"]
-        if _in_range(rule, minor)
-    )
+    hardware = _hardware_rules(raw["hardware"], minor)
+    known_slow = _hardware_rules(raw.get("known_slow", []), minor)
     return EngineCapability(
         version=version,
         minor=minor,
@@ -342,4 +343,20 @@ def _build_capability(raw: dict[str, Any], version: str, minor: Minor) -> Engine
         ),
         launcher=_one(raw["launcher"], minor, "launcher")["style"],
         hardware=hardware,
+        known_slow=known_slow,
+    )
+
+
+def _hardware_rules(entries: list[dict[str, Any]], minor: Minor) -> tuple[HardwareRule, ...]:
+    return tuple(
+        HardwareRule(
+            dtypes=frozenset(rule["dtypes"]),
+            cc_min=_cc(rule.get("cc_min")),
+            cc_max=_cc(rule.get("cc_max")),
+            ok=bool(rule.get("ok", True)),
+            reason=str(rule["reason"]),
+            origin=_origin(rule),
+        )
+        for rule in entries
+        if _in_range(rule, minor)
     )

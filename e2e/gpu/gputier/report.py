@@ -1,0 +1,179 @@
+"""The lasting record of a run: e2e/gpu/results/<date>-<gpu>.json and .md.
+
+Pure: the markdown is made from the JSON document alone, so a merged document (several
+device calls of one tier run) reads like one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+GIB = 1 << 30
+
+
+def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs on one GPU (one device call each) as one document, points in order."""
+    if not documents:
+        raise ValueError("nothing to merge")
+    first = documents[0]
+    products = {d["pool"]["product"] for d in documents}
+    if len(products) != 1:
+        raise ValueError(f"runs on different GPUs: {', '.join(sorted(products))}")
+    merged = {k: v for k, v in first.items() if k not in ("points", "finished", "wall_s")}
+    merged["runs"] = [
+        {
+            "label": d.get("label", ""),
+            "started": d["started"],
+            "finished": d.get("finished"),
+            "wall_s": d.get("wall_s"),
+            "versions": d["versions"],
+        }
+        for d in documents
+    ]
+    points: dict[tuple[str, str], dict[str, Any]] = {}
+    for document in documents:
+        for record in document["points"]:
+            key = (record["shape"], record["dtype"])
+            if record["outcome"] != "not run" or key not in points:
+                points[key] = record
+    merged["points"] = list(points.values())
+    return merged
+
+
+def file_stem(document: dict[str, Any]) -> str:
+    """`2026-12-01-h200`: the run's date and the GPU's catalog product."""
+    product = re.sub(r"[^a-z0-9]+", "-", document["pool"]["product"].lower()).strip("-")
+    return f"{document['started'][:10]}-{product}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.2f} %"
+
+
+def _int(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _first_cause(message: str) -> str:
+    lines = [
+        ln
+        for ln in message.splitlines()
+        if ln and not ln.startswith(("engine exited", "error lines"))
+    ]
+    return lines[0][:160].replace("|", "\\|") if lines else "-"
+
+
+def render_markdown(document: dict[str, Any]) -> str:
+    gpu, pool, versions = document["gpu"], document["pool"], document["versions"]
+    points = document["points"]
+    out = [
+        f"# GPU tier: {document['started'][:10]}, {gpu['count']}x {gpu['name']}",
+        "",
+        "kvq's rendered vLLM command on a real GPU (`make test-gpu`, e2e/gpu/README.md).",
+        f"**Weights are dummy**: {document['weights']}. Throughput and latency are those of "
+        "random weights on the real kernels; capacity and refusals do not depend on the "
+        "weights' values.",
+        "",
+        "| what | value |",
+        "|---|---|",
+        f"| GPU | {gpu['count']}x {gpu['name']}, {gpu['memory_mib']:,} MiB, "
+        f"driver {gpu['driver']} |",
+        f"| kvq pool | {pool['name']} ({pool['product']}, compute capability "
+        f"{pool['compute_capability']}) |",
+        f"| vLLM | {versions.get('vllm')} (offline bundle, e2e/gpu/bundle.py) |",
+        f"| torch | {versions.get('torch')}; triton {versions.get('triton')}; "
+        f"transformers {versions.get('transformers')}; Python {versions.get('python')} |",
+        f"| kvq | commit {versions.get('kvq_commit')} |",
+        f"| load | {document['load']['description']} |",
+        "",
+        "What the harness adds to the pod's command: " + "; ".join(document["harness_adds"]) + ".",
+        "",
+        "## Capacity: vLLM's KV tokens against `kvq plan`",
+        "",
+        "| shape | dtype | outcome | backend | vLLM KV tokens | plan KV tokens | plan error "
+        "| vLLM avail. KV GiB | plan GiB | activation vLLM / plan GiB |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in points:
+        startup = r.get("startup") or {}
+        cap = r.get("capacity") or {}
+        plan = r["plan"]
+        out.append(
+            f"| {r['shape']} | {r['dtype']} | {r['outcome']} | "
+            f"{startup.get('attention_backend') or '-'} | {_int(cap.get('measured_kv_tokens'))} | "
+            f"{_int(plan['kv_tokens'])} | {_pct(cap.get('error'))} | "
+            f"{_num(startup.get('available_kv_gib'), 2)} | "
+            f"{_num(plan['available_kv_bytes'] / GIB, 2)} | "
+            f"{_num(startup.get('peak_activation_gib'), 2)} / "
+            f"{_num(plan['activation_bytes'] / GIB, 2)} |"
+        )
+    out += [
+        "",
+        "## Refusals and crashes: the termination message alone, classified",
+        "",
+        "| shape | dtype | catalog predicts | outcome | exit | class | falls back | verdict "
+        "| first error line |",
+        "|---|---|---|---|---:|---|---|---|---|",
+    ]
+    for r in points:
+        failure = r.get("failure") or {}
+        predicted = "runs" if r["prediction"]["runs"] else "refused"
+        out.append(
+            f"| {r['shape']} | {r['dtype']} | {predicted} | {r['outcome']} | "
+            f"{failure.get('exit_code', '-')} | {failure.get('class', '-')} | "
+            f"{failure.get('fallback', '-')} | {r.get('verdict', '-')} | "
+            f"{_first_cause(failure.get('termination_message', ''))} |"
+        )
+    loads = [r for r in points if r.get("load")]
+    if loads:
+        out += [
+            "",
+            "## The source document's check: one identical load per dtype",
+            "",
+            f"{document['load']['description']}.",
+            "",
+            "| shape | dtype | peak KV usage | vs auto | wall s | output tok/s | total tok/s "
+            "| p50 s | p95 s | preemptions | failed |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        auto = {r["shape"]: r["load"] for r in loads if r["dtype"] == "auto"}
+        for r in loads:
+            load = r["load"]
+            base = auto.get(r["shape"])
+            ratio = (
+                load["peak_kv_usage"] / base["peak_kv_usage"]
+                if base and base.get("peak_kv_usage") and load.get("peak_kv_usage") is not None
+                else None
+            )
+            out.append(
+                f"| {r['shape']} | {r['dtype']} | {_num(load.get('peak_kv_usage'), 3)} | "
+                f"{_num(ratio, 2)}x | {_num(load['wall_s'], 2)} | "
+                f"{_num(load['output_tokens_per_s'])} | {_num(load['total_tokens_per_s'])} | "
+                f"{_num(load.get('p50_s'), 2)} | {_num(load.get('p95_s'), 2)} | "
+                f"{_num(load.get('preemptions'), 0)} | {load['failed']} |"
+            )
+    warnings = sorted(
+        {r["prediction"]["slow_warning"] for r in points if r["prediction"].get("slow_warning")}
+    )
+    if warnings:
+        out += ["", "Catalog warnings shown by `kvq plan --engine-version`:", ""]
+        out += [f"- {w}" for w in warnings]
+    not_run = [r for r in points if r["outcome"] == "not run"]
+    out += ["", "## Not run", ""]
+    out += [
+        f"- {r['shape']} / {r['dtype']}: {r.get('why_not_run', 'not reached')}" for r in not_run
+    ] or ["- nothing"]
+    out += ["", "## Exact commands", ""]
+    for r in points:
+        env = " ".join(f"{k}={v}" for k, v in sorted(r["env"].items()))
+        out.append(f"- `{r['shape']}` / `{r['dtype']}` ({r['outcome']}):")
+        if r.get("substitution"):
+            out.append(f"  {r['substitution']}.")
+        out.append(f"  `{env} {' '.join(r['command'])}`")
+        out.append(f"  plan: `{r['plan_command']}`")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""`make test-gpu`: kvq's rendered vLLM command on this machine's NVIDIA GPU.
+
+    run.py [--shapes a,b] [--dtypes auto,fp8] [--load llama-3-8b/auto ...] [--out DIR]
+    run.py --dry-run [--gpu-name "NVIDIA H200" --gpu-memory-mib 143771]
+    run.py report RUN.json [RUN.json ...] --out e2e/gpu/results
+
+Needs vLLM importable by `--python` (the offline bundle: e2e/gpu/README.md) and kvq on
+PYTHONPATH (operator/). Writes <out>/<date>-<gpu>[-label].json and .md, the engine logs
+and termination messages under <out>/logs-<label>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+# kvq from PYTHONPATH when set there (a snapshot), else this checkout.
+sys.path.append(str(HERE.parents[1] / "operator"))
+
+from gputier import report  # noqa: E402
+from gputier.gpu import GpuInfo, detect_gpus  # noqa: E402
+from gputier.load import LoadSpec  # noqa: E402
+from gputier.points import DTYPES  # noqa: E402
+from gputier.shapes import DEFAULT_SHAPES  # noqa: E402
+from gputier.tier import TierConfig, dry_run, parse_points, run_tier, write_json  # noqa: E402
+
+DEFAULT_LOAD = ("llama-3-8b/auto", "llama-3-8b/fp8", "llama-3-8b/int8")
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(t for t in (s.strip() for s in text.split(",")) if t)
+
+
+def tier_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="run.py", description="kvq's GPU tier")
+    parser.add_argument("--shapes", type=_csv, default=DEFAULT_SHAPES)
+    parser.add_argument("--dtypes", type=_csv, default=DTYPES)
+    parser.add_argument(
+        "--load",
+        nargs="*",
+        default=list(DEFAULT_LOAD),
+        help="shape/dtype points that also run the load",
+    )
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--prompt-tokens", type=int, default=3000)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--python", default="python3", help="the image's python (vLLM)")
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=540.0,
+        help="no new point starts when it would end past this",
+    )
+    parser.add_argument("--label", default="", help="suffix of the result files")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--gpu-name", help="with --dry-run: the GPU nvidia-smi would name")
+    parser.add_argument("--gpu-memory-mib", type=int, default=None)
+    parser.add_argument("--gpu-count", type=int, default=1)
+    args = parser.parse_args(argv)
+    config = TierConfig(
+        shapes=args.shapes,
+        dtypes=args.dtypes,
+        load_points=parse_points(args.load),
+        load=LoadSpec(args.requests, args.prompt_tokens, args.max_tokens),
+        python=args.python,
+        deadline_s=args.deadline_s,
+        label=args.label,
+    )
+    if args.gpu_name:
+        info = GpuInfo(args.gpu_name, args.gpu_memory_mib or 0, "unknown", args.gpu_count)
+    else:
+        info = detect_gpus()
+    if args.dry_run:
+        print("\n".join(dry_run(info, config)))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = f"-{args.label}" if args.label else ""
+    run_dir = args.out / f"logs{suffix or '-run'}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "run-in-progress.json"
+    document = run_tier(info, config, run_dir, write_json(json_path))
+    stem = report.file_stem(document) + suffix
+    final = args.out / f"{stem}.json"
+    json_path.replace(final)
+    (args.out / f"{stem}.md").write_text(report.render_markdown(document))
+    print(report.render_markdown(document))
+    failed = [p for p in document["points"] if str(p.get("verdict", "")).startswith("catalog")]
+    off = [
+        p for p in document["points"] if p.get("capacity") and not p["capacity"]["within_2_percent"]
+    ]
+    print(
+        f"wrote {final} and {stem}.md; catalog disagreements: {len(failed)}; "
+        f"capacity beyond 2%: {len(off)}"
+    )
+    return 1 if failed or off else 0
+
+
+def report_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="run.py report", description="merge runs, write md")
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    document = report.merge([json.loads(p.read_text()) for p in args.runs])
+    stem = report.file_stem(document)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps(document, indent=1) + "\n")
+    (args.out / f"{stem}.md").write_text(report.render_markdown(document))
+    print(f"wrote {args.out / stem}.json and .md")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["report"]:
+        return report_main(argv[1:])
+    return tier_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
