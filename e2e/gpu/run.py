@@ -58,6 +58,13 @@ def tier_main(argv: list[str]) -> int:
     )
     parser.add_argument("--label", default="", help="suffix of the result files")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--skip-done",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="result JSONs of earlier runs: their finished points are skipped",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--gpu-name", help="with --dry-run: the GPU nvidia-smi would name")
     parser.add_argument("--gpu-memory-mib", type=int, default=None)
@@ -71,6 +78,7 @@ def tier_main(argv: list[str]) -> int:
         python=args.python,
         deadline_s=args.deadline_s,
         label=args.label,
+        skip=done_points(args.skip_done),
     )
     if args.gpu_name:
         info = GpuInfo(args.gpu_name, args.gpu_memory_mib or 0, "unknown", args.gpu_count)
@@ -99,6 +107,17 @@ def tier_main(argv: list[str]) -> int:
         f"capacity beyond 2%: {len(off)}"
     )
     return 1 if failed or off else 0
+
+
+def done_points(paths: list[Path]) -> frozenset[tuple[str, str]]:
+    """Points an earlier run finished (served, crashed or timed out)."""
+    done = set()
+    for path in paths:
+        if path.exists():
+            for record in json.loads(path.read_text())["points"]:
+                if record["outcome"] != "not run":
+                    done.add((record["shape"], record["dtype"]))
+    return frozenset(done)
 
 
 def report_main(argv: list[str]) -> int:

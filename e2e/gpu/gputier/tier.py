@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "e2e" / "engine"))
 import server  # noqa: E402
 
-START_DEADLINE_S = 600.0
+START_DEADLINE_S = 240.0
 # A point takes about this long (start, probe, stop); no new point starts with less left.
 POINT_BUDGET_S = 75.0
 LOAD_BUDGET_S = 40.0
@@ -69,12 +69,15 @@ class TierConfig:
     deadline_s: float = 540.0
     label: str = ""
     port: int = ENGINE_PORT
+    skip: frozenset[tuple[str, str]] = frozenset()
+    """Points an earlier run already measured (run.py --skip-done)."""
     pod_root: Path = Path("/")
     """Where the pod's files go: `/` on the GPU machine; elsewhere (tests) the command's
     /opt/kvq and /models paths are pointed there."""
 
     def points(self) -> list[Point]:
-        return [Point(s, d) for s in self.shapes for d in self.dtypes]
+        points = [Point(s, d) for s in self.shapes for d in self.dtypes]
+        return [p for p in points if (p.shape, p.dtype) not in self.skip]
 
 
 def utc_now() -> str:
