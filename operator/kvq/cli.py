@@ -208,6 +208,7 @@ def render(
 ) -> None:
     """Print the manifests kvq would apply for an InferenceService on a pool (for GitOps)."""
     from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
+    from kvq.catalog.engines import load_engine_catalog
     from kvq.catalog.gpus import load_gpu_catalog
     from kvq.placement.pool import pool_for_gpu
     from kvq.render import RenderError, effective_settings, render_manifests
@@ -225,7 +226,12 @@ def render(
             doc.setdefault("spec", {}).setdefault("engine", {})["version"] = engine_version
         try:
             isvc = parse_inference_service(doc)
-            settings = effective_settings(isvc, gpu_model, rung)  # type: ignore[arg-type]
+            settings = effective_settings(
+                isvc,
+                gpu_model,
+                rung,  # type: ignore[arg-type]
+                engines=load_engine_catalog(),
+            )
             documents += render_manifests(isvc, pool_for_gpu(gpu_model, gpus_per_node), settings)
         except InvalidInferenceServiceError as error:
             _fail(str(error))
@@ -262,6 +268,48 @@ def dump_yaml(documents: list[dict[str, Any]]) -> str:
     return yaml.dump_all(documents, Dumper=_LiteralDumper, sort_keys=True, width=100)
 
 
+@app.command()
+def diagnose(
+    file: Annotated[
+        str,
+        typer.Option(
+            "-f", "--filename", help="A termination message or a whole engine log, or - for stdin"
+        ),
+    ],
+    kv_cache_dtype: Annotated[
+        str, typer.Option(help="The KV-cache dtype the engine ran with")
+    ] = "auto",
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
+) -> None:
+    """Say what kvq would do with an engine's failure: fall back, wait, or what to fix."""
+    from kvq.fallback.classifier import classify_failure
+    from kvq.fallback.diagnosis import diagnose_text
+
+    if output not in ("table", "json"):
+        _fail(f"--output must be table or json, not {output!r}")
+    if kv_cache_dtype not in ALL_DTYPES:
+        _fail(f"--kv-cache-dtype must be one of {', '.join(ALL_DTYPES)}")
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text(errors="replace")
+    except OSError as error:
+        _fail(f"cannot read {file}: {error.strerror or error}")
+    if not text.strip():
+        _fail(f"{file} is empty: give a termination message or an engine log")
+    diagnosis = diagnose_text(text, kv_cache_dtype=kv_cache_dtype, classify=classify_failure)
+    if output == "json":
+        print(json.dumps(diagnosis.to_json(), indent=2))
+        return
+    table = Table(show_header=False, box=None)
+    table.add_row("family", diagnosis.family)
+    table.add_row("decision", f"{diagnosis.decision}: {diagnosis.what_kvq_does}")
+    table.add_row("reason", diagnosis.reason)
+    table.add_row("what to do", diagnosis.remedy)
+    Console().print(table)
+    if diagnosis.evidence:
+        print("evidence:")
+        print("\n".join(f"  {line}" for line in diagnosis.evidence.splitlines()))
+
+
 def _fail(message: str) -> NoReturn:
     err.print(f"[red]error:[/] {message}", highlight=False)
     raise typer.Exit(2)
@@ -279,9 +327,46 @@ def run(
         str | None, typer.Option(help="kopf peering object: replicas share it, one is active")
     ] = None,
     standalone: Annotated[bool, typer.Option(help="Run without peering")] = False,
-    interval: Annotated[
-        float, typer.Option(min=1.0, help="Seconds between reconciles of each InferenceService")
-    ] = 10.0,
+    resync: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds between safety-net reconciles of a service nothing changed about "
+            "(changes are reconciled at once, from watch events)",
+        ),
+    ] = 600.0,
+    workers: Annotated[
+        int, typer.Option(min=1, max=64, help="Reconciles that may run at the same time")
+    ] = 8,
+    grace: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds a service waits for a pool that cannot run it now (NotReady, full, "
+            "scaled to zero, replicas unschedulable) before it moves or falls back",
+        ),
+    ] = 300.0,
+    suspect_restarts: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=20,
+            help="Unknown start-up crashes with the same error before a quantized dtype is "
+            "left (errors that name the dtype fall back at once)",
+        ),
+    ] = 3,
+    retry_after: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds before a dtype left after unknown crashes is tried again (doubles "
+            "each time, up to --retry-after-max)",
+        ),
+    ] = 3600.0,
+    retry_after_max: Annotated[float, typer.Option(min=1.0)] = 86400.0,
+    max_retries: Annotated[
+        int, typer.Option(min=0, max=20, help="Retries of such a dtype before it is given up")
+    ] = 3,
     metrics_port: Annotated[
         int, typer.Option(min=0, max=65535, help="Port of /metrics (0: off)")
     ] = 8080,
@@ -311,6 +396,9 @@ def run(
     ] = None,
 ) -> None:
     """Run the operator: reconcile InferenceServices until stopped."""
+    from datetime import timedelta
+
+    from kvq.fallback.ladder import LadderPolicy
     from kvq.handlers.operator import RunOptions
     from kvq.handlers.operator import run as run_operator
 
@@ -324,13 +412,21 @@ def run(
             all_namespaces=all_namespaces,
             peering=peering,
             standalone=standalone,
-            interval=interval,
+            resync=resync,
+            workers=workers,
             metrics_port=metrics_port,
             liveness=liveness,
             verbose=verbose,
             prometheus_url=prometheus_url,
             metrics_interval=metrics_interval,
             pool_labels=tuple(pool_label or ()),
+            ladder=LadderPolicy(
+                suspect_repeats=suspect_restarts,
+                retry_after=timedelta(seconds=retry_after),
+                retry_after_max=timedelta(seconds=max(retry_after_max, retry_after)),
+                max_retries=max_retries,
+                grace=timedelta(seconds=grace),
+            ),
         )
     )
 

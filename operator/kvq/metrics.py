@@ -15,7 +15,7 @@ RECONCILES = Counter(
 )
 RECONCILE_ERRORS = Counter(
     "kvq_reconcile_errors",
-    "Reconciles that raised an unexpected error (kopf retries them).",
+    "Reconciles that raised an unexpected error (retried with a back-off).",
 )
 FALLBACKS = Counter(
     "kvq_fallbacks",
@@ -32,12 +32,26 @@ WRITES = Counter(
     "Writes kvq made to the API server, by object kind and verb (apply, delete, status, create).",
     ["kind", "verb"],
 )
+READS = Counter(
+    "kvq_reads",
+    "Requests kvq made outside its watches, by object kind and verb (get, dry-run, log).",
+    ["kind", "verb"],
+)
+QUEUE_WAIT_SECONDS = Histogram(
+    "kvq_queue_wait_seconds",
+    "Time from a change to the start of the reconcile it asked for.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
 
 FALLBACK_REASON_PREFIX = "Fallback"
 
 
 def count_write(kind: str, verb: str) -> None:
     WRITES.labels(kind=kind, verb=verb).inc()
+
+
+def count_read(kind: str, verb: str) -> None:
+    READS.labels(kind=kind, verb=verb).inc()
 
 
 def count_event(reason: str) -> None:

@@ -17,6 +17,13 @@ MANAGED_BY_VALUE = "kvq"
 
 # Pod-template annotation: sha256 of the rendered pod inputs; a change rolls the pods.
 ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
+# Pod-template annotations naming what a pod runs, so its failures are charged to the right
+# rung of the right ladder on the right pool.
+ANNOTATION_LADDER_KEY = f"{GROUP}/ladder-key"
+ANNOTATION_RUNG = f"{GROUP}/rung"
+ANNOTATION_POOL = f"{GROUP}/pool"
+# On an InferenceService: set (or change) to any value to try the requested dtype again.
+ANNOTATION_RETRY = f"{GROUP}/retry-requested"
 
 FINALIZER = f"{GROUP}/finalizer"
 FIELD_MANAGER = "kvq"

@@ -21,6 +21,7 @@ from kvq.api.spec import (
     MemorySpec,
     ModelSpec,
     PlacementSpec,
+    RolloutSpec,
     SecretKeyRef,
     Toleration,
 )
@@ -118,6 +119,7 @@ __all__ = [
     "ObjectMeta",
     "PlacementSpec",
     "PlacementStatus",
+    "RolloutSpec",
     "SecretKeyRef",
     "Toleration",
 ]

@@ -8,6 +8,12 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from kvq.api.base import KubeModel
+from kvq.api.credentials import (
+    CREDENTIAL_ENV_RE,
+    CREDENTIAL_FLAG_RE,
+    is_credential_env,
+    is_credential_flag,
+)
 from kvq.api.rules import FieldRule, Rule, UniqueItems
 
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"]
@@ -37,7 +43,6 @@ MANAGED_FLAGS = (
     "--host",
     "--revision",
 )
-SECRET_ENV_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 _URI_RE = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*/?|s3://[a-z0-9][a-z0-9.-]*[a-z0-9](/[^/]+)*/?)$"
 _URI_MESSAGE = "must be hf://<org>/<name>, pvc://<claim>[/<path>] or s3://<bucket>[/<path>]"
@@ -174,19 +179,22 @@ class EnvVar(KubeModel):
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
     """Variable name."""
     value: Annotated[str, Field(max_length=4096)] = ""
-    """Variable value. Never put secrets here: use spec.model.tokenSecretRef."""
+    """Variable value. Never put credentials here: use spec.model.tokenSecretRef."""
 
 
 def _no_managed_flags(args: list[str]) -> bool:
     return not any(a.split("=", 1)[0] in MANAGED_FLAGS for a in args)
 
 
-def _no_secret_env(env: list[EnvVar]) -> bool:
-    return not any(e.name in SECRET_ENV_NAMES for e in env)
+def _no_credential_flags(args: list[str]) -> bool:
+    return not any(is_credential_flag(a) for a in args)
+
+
+def _no_credential_env(env: list[EnvVar]) -> bool:
+    return not any(is_credential_env(e.name) for e in env)
 
 
 _MANAGED_CEL = "[" + ", ".join(f"'{f}'" for f in MANAGED_FLAGS) + "]"
-_SECRET_ENV_CEL = "[" + ", ".join(f"'{n}'" for n in SECRET_ENV_NAMES) + "]"
 
 
 class EngineSpec(KubeModel):
@@ -214,16 +222,23 @@ class EngineSpec(KubeModel):
             "--gpu-memory-utilization, --swap-space, --max-model-len, ...): use the spec fields",
             check=_no_managed_flags,
         ),
+        FieldRule(
+            cel=f"self.all(a, !a.matches('{CREDENTIAL_FLAG_RE}'))",
+            message="extraArgs must not carry credentials (--hf-token, --api-key, or any "
+            "flag named *token*, *key*, *secret* or *password*): they would be stored in the "
+            "spec and shown in status; reference a Secret with spec.model.tokenSecretRef",
+            check=_no_credential_flags,
+        ),
     ] = Field(default_factory=list)
     """Extra `vllm serve` arguments, appended after the ones kvq renders."""
     env: Annotated[
         list[EnvVar],
         Field(max_length=64),
         FieldRule(
-            cel=f"self.all(e, !({_SECRET_ENV_CEL}.exists(n, e.name == n)))",
-            message="env must not carry HF_TOKEN: reference a Secret with "
-            "spec.model.tokenSecretRef",
-            check=_no_secret_env,
+            cel=f"self.all(e, !e.name.matches('{CREDENTIAL_ENV_RE}'))",
+            message="env must not carry credentials as plain values (HF_TOKEN, *_TOKEN, "
+            "*_KEY, *_SECRET, *_PASSWORD): reference a Secret with spec.model.tokenSecretRef",
+            check=_no_credential_env,
         ),
     ] = Field(default_factory=list)
     """Extra environment variables for the engine container."""
@@ -274,16 +289,17 @@ class MemorySpec(KubeModel):
     ] = 0.90
     """Fraction of each GPU's memory vLLM may use (0.90-0.95 dedicated, 0.6-0.8 shared)."""
     swap_space_gib: Annotated[
-        float,
+        float | None,
         Field(alias="swapSpaceGiB"),
         FieldRule(
             cel="self >= 0.0 && self <= 1024.0",
             message="swapSpaceGiB must be between 0 and 1024 (GiB of CPU memory per GPU)",
             check=lambda v: 0.0 <= v <= 1024.0,
         ),
-    ] = 4
-    """CPU swap space for KV overflow, GiB per GPU. Engines from vLLM 0.18 have no swap; kvq
-    then drops the flag and says so in status. Latency-sensitive services should use 0."""
+    ] = None
+    """CPU swap space for KV overflow, GiB per GPU; the engine's default (4 GiB up to vLLM
+    0.17) when omitted. Engines from vLLM 0.18 have no swap: a value set here is then not
+    rendered, and status says so. Latency-sensitive services should use 0."""
     max_model_len: Annotated[
         int | None,
         FieldRule(
@@ -354,9 +370,39 @@ class PlacementSpec(KubeModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Extra node labels every replica's node must carry."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(default_factory=list)
-    """Extra tolerations; kvq already tolerates the pool's GPU taint."""
+    """Taints the replicas may run on besides the GPU taint (nvidia.com/gpu), which kvq always
+    tolerates. A pool whose nodes all carry another taint is not used unless it is tolerated
+    here; kvq never copies a pool's taints into the pod on its own."""
     prefer: PoolPreference = "cheapest"
     """Among fitting pools: cheapest (lowest GPU cost) or headroom (most KV capacity)."""
+
+
+class RolloutSpec(KubeModel):
+    """How the engine Deployment replaces pods when what they run changes.
+
+    By default kvq surges (one new replica first, no replica taken down) when the pool has a
+    free GPU slot for it, and otherwise replaces one replica at a time (a single-replica
+    service is briefly down: no spare GPU means no second replica can start).
+    """
+
+    kube_rules = (
+        Rule(
+            cel="!has(self.maxSurge) || !has(self.maxUnavailable) "
+            "|| self.maxSurge > 0 || self.maxUnavailable > 0",
+            message="maxSurge and maxUnavailable cannot both be 0: the rollout could never "
+            "make progress",
+            check=lambda r: (
+                r.max_surge is None
+                or r.max_unavailable is None
+                or r.max_surge + r.max_unavailable > 0
+            ),
+        ),
+    )
+
+    max_surge: Annotated[int | None, Field(ge=0, le=1000)] = None
+    """Replicas started above spec.replicas during a rollout (needs free GPUs)."""
+    max_unavailable: Annotated[int | None, Field(ge=0, le=1000)] = None
+    """Replicas that may be down during a rollout."""
 
 
 class FallbackSpec(KubeModel):
@@ -429,6 +475,8 @@ class InferenceServiceSpec(KubeModel):
     """GPUs per replica and where replicas may run."""
     fallback: FallbackSpec = Field(default_factory=FallbackSpec, json_schema_extra={"default": {}})
     """The fallback ladder when the requested dtype cannot run."""
+    rollout: RolloutSpec | None = None
+    """Rolling-update limits; kvq picks them from the pool's free GPUs when omitted."""
     replicas: Annotated[
         int,
         FieldRule(
@@ -437,4 +485,5 @@ class InferenceServiceSpec(KubeModel):
             check=lambda v: 0 <= v <= 1000,
         ),
     ] = 1
-    """Engine replicas (each with gpusPerReplica GPUs)."""
+    """Engine replicas (each with gpusPerReplica GPUs). `kubectl scale` writes this field
+    (the scale subresource); editing it never restarts running replicas."""

@@ -8,7 +8,9 @@ from pydantic import Field
 
 from kvq.api.base import KubeModel
 
-ConditionType = Literal["Ready", "Placed", "FallbackActive", "Degraded", "CapacityMismatch"]
+ConditionType = Literal[
+    "Ready", "Reconciling", "Stalled", "Placed", "FallbackActive", "Degraded", "CapacityMismatch"
+]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
@@ -16,7 +18,7 @@ class Condition(KubeModel):
     """A kstatus-style condition (`kubectl wait --for=condition=Ready kis/NAME` reads these)."""
 
     type: Annotated[str, Field(min_length=1, max_length=64)]
-    """Ready, Placed, FallbackActive, Degraded or CapacityMismatch."""
+    """Ready, Reconciling, Stalled, Placed, FallbackActive, Degraded or CapacityMismatch."""
     status: ConditionStatus
     """True, False or Unknown."""
     reason: Annotated[str, Field(max_length=128)] = ""
@@ -87,32 +89,75 @@ class CapacityStatus(KubeModel):
     """Context length the concurrency is counted at."""
 
 
+FallbackCause = Literal[
+    "Refused", "Suspect", "Incompatible", "Capacity", "Retry", "Recovered", "QualityRegression"
+]
+
+
 class FallbackAttempt(KubeModel):
-    """One move down the fallback ladder."""
+    """One move on the fallback ladder (down, or back up), as kvq decided it."""
 
     from_: str = Field(alias="from")
-    """What ran before (the requested dtype, or a rung)."""
+    """The rung moved from: requested, auto or awq."""
     to: str
-    """The rung moved to: auto or awq; none when the ladder was exhausted."""
+    """The rung moved to: requested, auto or awq; none when no rung was left."""
+    cause: FallbackCause
+    """Refused (the engine refused the dtype), Suspect (an unknown start-up crash repeated),
+    Incompatible (no pool can run the rung), Capacity (no pool can run it now, past the grace
+    period), Retry (back to a suspect rung after its back-off, or by hand), Recovered (back
+    up: the rung can run again), QualityRegression."""
     reason: str
     """Why, in one sentence."""
     evidence: Annotated[str, Field(max_length=2048)] = ""
-    """Excerpt of the engine's error that triggered the move."""
+    """Excerpt of the engine's error that triggered the move (credentials redacted)."""
     time: str
     """When (RFC 3339)."""
     generation: int
-    """Spec generation the attempt belongs to; a new generation starts the ladder afresh."""
-    static: bool = False
-    """True when decided before deploying (no pool or engine can run the dtype)."""
+    """Spec generation when the move was made."""
+    key: str = ""
+    """The ladder key: a hash of what decides whether the engine accepts the dtype (model,
+    AWQ model, kvCache, engine image, args and env, GPUs per replica, context length). Moves
+    of another key do not bind the current spec; replicas, labels and annotations are not
+    part of it."""
+    pool: str | None = None
+    """The pool the rung moved from ran on (a refusal binds that pool only)."""
+    retry_after: str | None = None
+    """Suspect moves: when the rung moved from is tried again (RFC 3339)."""
+
+
+class FailureTally(KubeModel):
+    """Unknown start-up crashes under a quantized dtype, counted until they repeat enough to
+    fall back (one crash proves nothing: a flaky hub or node looks the same)."""
+
+    key: str
+    """The ladder key the crashes belong to."""
+    rung: str
+    """The rung that crashed."""
+    pool: str | None = None
+    """The pool it crashed on."""
+    signature: str
+    """The crash's normalised root-cause line; a different one starts a new count."""
+    count: int
+    """Crashes with this signature seen so far."""
+    seen: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
+    """Which terminations were counted (pod/finish time), so none is counted twice."""
 
 
 class FallbackStatus(KubeModel):
     """The fallback ladder's history for this InferenceService."""
 
     active_rung: str | None = None
-    """The rung in force (auto or awq), absent when the requested dtype runs."""
+    """The rung in force: requested, auto or awq; none when no rung can run."""
+    key: str | None = None
+    """The ladder key of the current spec (see attempts[].key)."""
     attempts: Annotated[list[FallbackAttempt], Field(max_length=64)] = Field(default_factory=list)
-    """Every attempt, oldest first."""
+    """Every move, oldest first (the newest 20 are kept)."""
+    tally: FailureTally | None = None
+    """Unknown crashes being counted before a suspect fallback."""
+    retry_token: str | None = None
+    """The last value of the kvq.dev/retry-requested annotation kvq acted on."""
+    reset_at: str | None = None
+    """When the ladder was last reset by hand: earlier moves no longer bind (RFC 3339)."""
 
 
 class MetricsStatus(KubeModel):
@@ -147,7 +192,8 @@ class InferenceServiceStatus(KubeModel):
             },
         ),
     ] = Field(default_factory=list)
-    """Ready, Placed, FallbackActive, Degraded, CapacityMismatch."""
+    """Ready, Reconciling, Stalled (kstatus), Placed, FallbackActive, Degraded,
+    CapacityMismatch."""
     effective: EffectiveStatus | None = None
     """What is actually rendered."""
     placement: PlacementStatus | None = None
@@ -159,6 +205,8 @@ class InferenceServiceStatus(KubeModel):
     metrics: MetricsStatus | None = None
     """Latest engine metrics."""
     replicas: int | None = None
-    """Engine pods that exist."""
+    """Engine pods that exist (the scale subresource's status.replicas)."""
+    selector: str | None = None
+    """Label selector of the engine pods (the scale subresource's status.selector)."""
     ready_replicas: int | None = None
     """Engine pods that are ready."""

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 
 from kvq.api.status import Condition, ConditionStatus
 
-CONDITION_ORDER = ("Ready", "Placed", "FallbackActive", "Degraded", "CapacityMismatch")
+CONDITION_ORDER = (
+    "Ready",
+    "Reconciling",
+    "Stalled",
+    "Placed",
+    "FallbackActive",
+    "Degraded",
+    "CapacityMismatch",
+)
 
 
 @dataclass(frozen=True)

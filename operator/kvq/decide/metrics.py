@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 from kvq.api.status import CapacityStatus, EffectiveStatus, MetricsStatus
 from kvq.decide.conditions import ConditionUpdate
-from kvq.decide.history import rfc3339
+from kvq.fallback.ladder import rfc3339
 
 # Beyond this the planner's figure misleads people: say so in a condition.
 CAPACITY_TOLERANCE = 0.05

@@ -1,29 +1,43 @@
-"""The status a decision writes, and the Events that tell people what changed."""
+"""The status kvq writes: what decide() concluded, as conditions people and tools read.
+
+Conditions follow kstatus (what Flux, cli-utils and `kubectl wait` read): `Ready` says the
+service serves; `Reconciling` is True while kvq works toward the spec (a rollout, a wait for
+capacity, counting crashes); `Stalled` is True when it cannot get there without a person
+(no pool can run it, a credential or setting to fix). `Placed`, `FallbackActive`,
+`Degraded` and `CapacityMismatch` say why.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kvq.api import keys
+from kvq.api.credentials import redact_args, redact_text
 from kvq.api.status import (
     CapacityStatus,
     EffectiveStatus,
+    FailureTally,
     FallbackAttempt,
     FallbackStatus,
     IgnoredSetting,
     InferenceServiceStatus,
     PlacementStatus,
 )
-from kvq.decide.conditions import ConditionUpdate, condition, merge_conditions
-from kvq.decide.history import MAX_ATTEMPTS, rfc3339
+from kvq.decide.conditions import ConditionUpdate, merge_conditions
+from kvq.decide.manifests import Rendered
 from kvq.decide.metrics import capacity_condition, metrics_status
-from kvq.decide.rungs import RungOutlook
-from kvq.decide.types import EventSpec, Snapshot
-from kvq.fallback.classifier import Classification
-from kvq.fallback.ladder import Rung
-from kvq.render import DroppedFlag, EffectiveSettings
+from kvq.decide.place import RungPlacement
+from kvq.decide.types import Snapshot
+from kvq.fallback.classifier import Action, Classification
+from kvq.fallback.ladder import NONE, Rung, rfc3339
+from kvq.render.manifests import selector_for
+
+# Status lives in etcd: keep the newest moves only (several keys' worth).
+MAX_ATTEMPTS = 20
+WAITING = "WaitingForCapacity"
 
 # Which spec field a flag the engine lacks came from (status.effective.ignored).
 _FLAG_FIELDS = {
@@ -33,136 +47,172 @@ _FLAG_FIELDS = {
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Decision:
     """What decide() concluded, before it is written as status."""
 
+    key: str | None = None
     rung: Rung | None = None
-    outlook: RungOutlook | None = None
-    effective: EffectiveSettings | None = None
-    args: tuple[str, ...] = ()
-    dropped: tuple[DroppedFlag, ...] = ()
-    pod_hash: str | None = None
-    failure: Classification | None = None
-    fallback_disabled: bool = False
+    placement: RungPlacement | None = None
+    rendered: Rendered | None = None
+    waiting: bool = False
+    """The rung cannot run now and kvq waits for it (Placed=False, WaitingForCapacity)."""
     exhausted: bool = False
-    ladder_reason: str | None = None
-    not_placed: str | None = None
+    ladder_reason: str = ""
+    moves: tuple[FallbackAttempt, ...] = ()
+    failure: Classification | None = None
+    """A failure of the current rung's engines that moved nothing."""
+    rung_of_failure: Rung | None = None
+    fallback_disabled: bool = False
+    tally: FailureTally | None = None
+    retry_token: str | None = None
+    reset_at: datetime | None = None
     blocked: tuple[str, str] | None = None
     """(reason, message) when kvq cannot even plan: unknown engine version or model."""
 
 
 def build_status(
-    snap: Snapshot,
-    previous: InferenceServiceStatus,
-    outcome: Outcome,
-    new_attempts: Sequence[FallbackAttempt],
+    snap: Snapshot, previous: InferenceServiceStatus, decision: Decision
 ) -> InferenceServiceStatus:
     generation = snap.isvc.metadata.generation or 1
-    attempts = [*(previous.fallback.attempts if previous.fallback else []), *new_attempts]
-    placed = outcome.outlook is not None and outcome.outlook.choice.chosen is not None
+    stored = previous.fallback
+    attempts = [*(stored.attempts if stored else []), *decision.moves][-MAX_ATTEMPTS:]
+    rendered = decision.rendered
+    chosen = decision.placement.choice.chosen if decision.placement else None
+    ready = _ready(snap, decision)
+    stalled = _stalled(decision)
     updates = [
-        _ready(snap, outcome),
-        _placed(outcome),
-        _fallback_active(outcome, attempts, generation),
-        _degraded(outcome),
+        ready,
+        _reconciling(ready, stalled, decision),
+        stalled,
+        _placed(decision),
+        _fallback_active(decision, attempts),
+        _degraded(decision),
     ]
     replicas, ready_replicas = _replica_counts(snap.deployment)
-    effective = _effective(outcome) if placed else previous.effective
-    capacity = _capacity(outcome) if placed else previous.capacity
+    effective = _effective(rendered) if rendered else (previous.effective)
+    capacity = _capacity(decision) if (rendered and chosen) else previous.capacity
     metrics = metrics_status(
         previous.metrics, snap.engine_metrics, min_interval=snap.config.metrics_min_interval
     )
     mismatch = capacity_condition(metrics, capacity, effective)
-    if mismatch is not None and _rolled_out(snap, outcome):
+    if mismatch is not None and _rolled_out(snap, decision):
         updates.append(mismatch)
+    placement = previous.placement
+    if chosen is not None:
+        placement = PlacementStatus.model_validate(
+            {
+                "pool": chosen.pool.name,
+                "gpuProduct": chosen.pool.gpu.product,
+                "computeCapability": chosen.pool.gpu.compute_capability_str,
+                "gpuMemoryMiB": chosen.pool.gpu.memory_mib,
+            }
+        )
     return InferenceServiceStatus(
         observed_generation=generation,
         conditions=merge_conditions(
             previous.conditions, updates, generation=generation, now=rfc3339(snap.now)
         ),
         effective=effective,
-        placement=_placement(outcome) if placed else previous.placement,
+        placement=placement,
         capacity=capacity,
         fallback=FallbackStatus(
-            active_rung=outcome.rung.value if outcome.rung not in (None, Rung.REQUESTED) else None,
-            attempts=attempts[-MAX_ATTEMPTS:],
+            active_rung=_active_rung(decision, stored),
+            key=decision.key or (stored.key if stored else None),
+            attempts=attempts,
+            tally=decision.tally,
+            retry_token=decision.retry_token or (stored.retry_token if stored else None),
+            reset_at=rfc3339(decision.reset_at) if decision.reset_at else None,
         ),
         metrics=metrics,
         replicas=replicas,
         ready_replicas=ready_replicas,
+        selector=",".join(f"{k}={v}" for k, v in sorted(selector_for(snap.isvc).items())),
     )
 
 
-def decision_events(
-    previous: InferenceServiceStatus,
-    status: InferenceServiceStatus,
-    new_attempts: Sequence[FallbackAttempt],
-) -> tuple[EventSpec, ...]:
-    """Events for what changed between the stored status and the new one; none at rest."""
-    events: list[EventSpec] = []
-    for attempt in new_attempts:
-        if attempt.to == "none":
-            events.append(EventSpec("Warning", "FallbackExhausted", attempt.reason))
-        else:
-            kind = "FallbackStatic" if attempt.static else "FallbackRuntime"
-            events.append(EventSpec("Warning", kind, attempt.reason))
-    before = {c.type: c for c in previous.conditions}
-    for now in status.conditions:
-        old = before.get(now.type)
-        if old is not None and (old.status, old.reason) == (now.status, now.reason):
-            continue
-        if now.type == "Placed" and now.status == "True":
-            events.append(EventSpec("Normal", "Placed", now.message))
-        elif now.type == "CapacityMismatch" and now.status == "True":
-            events.append(EventSpec("Warning", "CapacityMismatch", now.message))
-        elif (now.type == "Placed" and now.status == "False") or (
-            now.type == "Degraded" and now.status == "True" and not new_attempts
-        ):
-            events.append(EventSpec("Warning", now.reason, now.message))
-        elif now.type == "Ready" and now.status == "True":
-            events.append(EventSpec("Normal", "Ready", now.message))
-    old_ignored = previous.effective.ignored if previous.effective else []
-    new_ignored = status.effective.ignored if status.effective else []
-    for ignored in new_ignored:
-        if ignored not in old_ignored:
-            message = f"{ignored.field} is not rendered: {ignored.reason}"
-            events.append(EventSpec("Normal", "SettingIgnored", message))
-    return tuple(events)
+def _active_rung(decision: Decision, stored: FallbackStatus | None) -> str | None:
+    if decision.blocked is not None:
+        return stored.active_rung if stored else None
+    if decision.exhausted:
+        return NONE
+    return decision.rung.value if decision.rung else None
 
 
-def _ready(snap: Snapshot, outcome: Outcome) -> ConditionUpdate:
-    if outcome.blocked or outcome.not_placed or outcome.exhausted:
-        return ConditionUpdate("Ready", "False", "NotDeployable", _why_not(outcome))
+def _ready(snap: Snapshot, decision: Decision) -> ConditionUpdate:
+    if decision.blocked or decision.exhausted:
+        return ConditionUpdate("Ready", "False", "NotDeployable", _why_not(decision))
     want = snap.isvc.spec.replicas
-    if want == 0:
-        return ConditionUpdate("Ready", "True", "ScaledToZero", "spec.replicas is 0.")
     ready = int((snap.deployment or {}).get("status", {}).get("readyReplicas") or 0)
-    if _rolled_out(snap, outcome):
-        assert outcome.effective is not None and outcome.outlook is not None
-        pool = outcome.outlook.choice.chosen
+    if _rolled_out(snap, decision):
+        if want == 0:
+            return ConditionUpdate("Ready", "True", "ScaledToZero", "spec.replicas is 0.")
+        rendered = decision.rendered
+        assert rendered is not None and decision.placement is not None
+        pool = decision.placement.choice.chosen
         where = f" on pool {pool.pool.name}" if pool else ""
         message = (
-            f"{ready}/{want} replicas ready{where}, KV cache {outcome.effective.kv_cache_dtype}, "
-            f"model {outcome.effective.model_uri}."
+            f"{ready}/{want} replicas ready{where}, KV cache {rendered.effective.kv_cache_dtype}, "
+            f"model {rendered.effective.model_uri}."
         )
         return ConditionUpdate("Ready", "True", "Available", message)
-    if outcome.failure is not None:
-        return ConditionUpdate("Ready", "False", str(outcome.failure.kind), outcome.failure.reason)
+    if decision.failure is not None:
+        return ConditionUpdate(
+            "Ready", "False", str(decision.failure.kind), decision.failure.reason
+        )
+    if decision.waiting:
+        return ConditionUpdate("Ready", "False", WAITING, decision.ladder_reason)
     return ConditionUpdate(
         "Ready", "False", "Progressing", f"{ready}/{want} replicas of the current spec ready."
     )
 
 
-def _rolled_out(snap: Snapshot, outcome: Outcome) -> bool:
+def _reconciling(
+    ready: ConditionUpdate, stalled: ConditionUpdate, decision: Decision
+) -> ConditionUpdate:
+    if ready.status == "True" or stalled.status == "True":
+        return ConditionUpdate("Reconciling", "False", "Settled", "Nothing left to do.")
+    if decision.waiting:
+        return ConditionUpdate("Reconciling", "True", WAITING, decision.ladder_reason)
+    if decision.failure is not None:
+        return ConditionUpdate(
+            "Reconciling",
+            "True",
+            str(decision.failure.kind),
+            f"{decision.failure.reason} {decision.failure.remedy}",
+        )
+    if decision.moves:
+        return ConditionUpdate("Reconciling", "True", "FallingBack", decision.moves[-1].reason)
+    return ConditionUpdate("Reconciling", "True", "Progressing", ready.message)
+
+
+def _stalled(decision: Decision) -> ConditionUpdate:
+    if decision.blocked:
+        return ConditionUpdate("Stalled", "True", decision.blocked[0], decision.blocked[1])
+    if decision.exhausted:
+        return ConditionUpdate("Stalled", "True", "FallbackExhausted", _why_not(decision))
+    failure = decision.failure
+    if failure is not None and (
+        failure.action is Action.FIX
+        or (failure.action is Action.FALLBACK and decision.fallback_disabled)
+    ):
+        return ConditionUpdate(
+            "Stalled", "True", str(failure.kind), f"{failure.reason} {failure.remedy}"
+        )
+    return ConditionUpdate("Stalled", "False", "Progressing", "No person is needed.")
+
+
+def _rolled_out(snap: Snapshot, decision: Decision) -> bool:
     """Every replica runs the current rendering and is available."""
+    if decision.rendered is None:
+        return False
     want = snap.isvc.spec.replicas
     deployment = snap.deployment or {}
     template = deployment.get("spec", {}).get("template", {}).get("metadata", {})
     live_hash = (template.get("annotations") or {}).get(keys.ANNOTATION_SPEC_HASH)
     st = deployment.get("status") or {}
     return (
-        outcome.pod_hash is not None
-        and live_hash == outcome.pod_hash
+        live_hash == decision.rendered.pod_hash
+        and deployment.get("spec", {}).get("replicas") == want
         and st.get("observedGeneration", 0) >= deployment.get("metadata", {}).get("generation", 1)
         and st.get("updatedReplicas", 0) >= want
         and st.get("readyReplicas", 0) >= want
@@ -170,95 +220,82 @@ def _rolled_out(snap: Snapshot, outcome: Outcome) -> bool:
     )
 
 
-def _placed(outcome: Outcome) -> ConditionUpdate:
-    if outcome.blocked:
-        return ConditionUpdate("Placed", "False", outcome.blocked[0], outcome.blocked[1])
-    if outcome.not_placed is not None:
-        message = outcome.ladder_reason or outcome.not_placed
-        if outcome.ladder_reason and outcome.not_placed not in outcome.ladder_reason:
-            message = f"{outcome.ladder_reason} ({outcome.not_placed})"
-        return ConditionUpdate("Placed", "False", "NoPoolFits", message)
-    assert outcome.outlook is not None and outcome.outlook.choice.chosen is not None
-    chosen = outcome.outlook.choice.chosen
+def _placed(decision: Decision) -> ConditionUpdate:
+    if decision.blocked:
+        return ConditionUpdate("Placed", "False", decision.blocked[0], decision.blocked[1])
+    if decision.exhausted or decision.placement is None:
+        return ConditionUpdate("Placed", "False", "NoPoolFits", _why_not(decision))
+    if decision.waiting:
+        return ConditionUpdate("Placed", "False", WAITING, decision.ladder_reason)
+    chosen = decision.placement.choice.chosen
+    assert chosen is not None and chosen.plan is not None
     plan = chosen.plan
-    assert plan is not None
     message = (
         f"Pool {chosen.pool.name} ({chosen.pool.gpu.product}, compute capability "
-        f"{chosen.pool.gpu.compute_capability_str}) with a {outcome.outlook.kv_cache_dtype} KV "
+        f"{chosen.pool.gpu.compute_capability_str}) with a {decision.placement.kv_cache_dtype} KV "
         f"cache: {plan.kv_tokens:,} KV tokens, {plan.max_concurrency:.1f} sequences of "
         f"{plan.max_model_len:,} tokens per replica."
     )
     return ConditionUpdate("Placed", "True", "PoolChosen", message)
 
 
-def _fallback_active(
-    outcome: Outcome, attempts: Sequence[FallbackAttempt], generation: int
-) -> ConditionUpdate:
-    mine = [a for a in attempts if a.generation == generation]
-    if outcome.rung in (None, Rung.REQUESTED) or not mine:
+def _fallback_active(decision: Decision, attempts: list[FallbackAttempt]) -> ConditionUpdate:
+    if decision.rung in (None, Rung.REQUESTED) or decision.blocked:
         return ConditionUpdate("FallbackActive", "False", "AsRequested", "No fallback in force.")
+    mine = [a for a in attempts if a.key == decision.key and a.to == decision.rung.value]
+    if not mine:
+        return ConditionUpdate("FallbackActive", "True", "Fallback", decision.ladder_reason)
     last = mine[-1]
-    reason = "StaticFallback" if last.static else "RuntimeFallback"
-    return ConditionUpdate("FallbackActive", "True", reason, last.reason)
+    return ConditionUpdate("FallbackActive", "True", f"{last.cause}Fallback", last.reason)
 
 
-def _degraded(outcome: Outcome) -> ConditionUpdate:
-    if outcome.exhausted:
-        return ConditionUpdate(
-            "Degraded", "True", "FallbackExhausted", outcome.ladder_reason or _why_not(outcome)
-        )
-    if outcome.failure is not None:
-        reason = str(outcome.failure.kind)
-        message = outcome.failure.reason
-        if outcome.fallback_disabled:
-            message += " Fallback is disabled for this service (spec.fallback.enabled: false)."
-        return ConditionUpdate("Degraded", "True", reason, message)
+def _degraded(decision: Decision) -> ConditionUpdate:
+    if decision.exhausted:
+        return ConditionUpdate("Degraded", "True", "FallbackExhausted", _why_not(decision))
+    failure = decision.failure
+    if failure is not None:
+        message = f"{failure.reason} {failure.remedy}"
+        if failure.action is Action.FALLBACK and decision.fallback_disabled:
+            message = (
+                f"{failure.reason} Fallback is disabled for this service "
+                "(spec.fallback.enabled: false)."
+            )
+        elif decision.tally is not None and failure.action is Action.FALLBACK_AFTER_REPEATS:
+            message = f"{failure.reason} Seen {decision.tally.count} time(s); {failure.remedy}"
+        return ConditionUpdate("Degraded", "True", str(failure.kind), message)
     return ConditionUpdate("Degraded", "False", "Healthy", "No failure observed.")
 
 
-def _why_not(outcome: Outcome) -> str:
-    if outcome.blocked:
-        return outcome.blocked[1]
-    return outcome.ladder_reason or outcome.not_placed or "Not deployable."
+def _why_not(decision: Decision) -> str:
+    if decision.blocked:
+        return decision.blocked[1]
+    return decision.ladder_reason or "Not deployable."
 
 
-def _effective(outcome: Outcome) -> EffectiveStatus:
-    effective = outcome.effective
-    assert effective is not None
+def _effective(rendered: Rendered) -> EffectiveStatus:
+    effective = rendered.effective
     engine_dtype = effective.kv_cache_dtype
-    if "--kv-cache-dtype" in outcome.args:
-        engine_dtype = outcome.args[outcome.args.index("--kv-cache-dtype") + 1]
+    if "--kv-cache-dtype" in rendered.args:
+        engine_dtype = rendered.args[rendered.args.index("--kv-cache-dtype") + 1]
     return EffectiveStatus(
         kv_cache_dtype=engine_dtype,
         model_uri=effective.model_uri,
         quantization=effective.quantization,
         engine_version=effective.engine_version,
         image=effective.image,
-        engine_args=list(outcome.args),
-        args_hash=outcome.pod_hash,
+        # The CRD refuses credentials in extraArgs; an older CRD may not have: never echo them.
+        engine_args=redact_args(rendered.args),
+        args_hash=rendered.pod_hash,
         ignored=[
-            IgnoredSetting(field=_FLAG_FIELDS.get(d.flag, d.flag), reason=d.reason)
-            for d in outcome.dropped
+            IgnoredSetting(field=_FLAG_FIELDS.get(d.flag, d.flag), reason=redact_text(d.reason))
+            for d in rendered.dropped
         ],
     )
 
 
-def _placement(outcome: Outcome) -> PlacementStatus:
-    assert outcome.outlook is not None and outcome.outlook.choice.chosen is not None
-    pool = outcome.outlook.choice.chosen.pool
-    return PlacementStatus.model_validate(
-        {
-            "pool": pool.name,
-            "gpuProduct": pool.gpu.product,
-            "computeCapability": pool.gpu.compute_capability_str,
-            "gpuMemoryMiB": pool.gpu.memory_mib,
-        }
-    )
-
-
-def _capacity(outcome: Outcome) -> CapacityStatus:
-    assert outcome.outlook is not None and outcome.outlook.choice.chosen is not None
-    plan = outcome.outlook.choice.chosen.plan
+def _capacity(decision: Decision) -> CapacityStatus:
+    assert decision.placement is not None and decision.placement.choice.chosen is not None
+    plan = decision.placement.choice.chosen.plan
     assert plan is not None
     return CapacityStatus(
         kv_bytes_per_token=plan.kv_bytes_per_token,
@@ -276,4 +313,4 @@ def _replica_counts(deployment: Mapping[str, Any] | None) -> tuple[int | None, i
     return int(st.get("replicas") or 0), int(st.get("readyReplicas") or 0)
 
 
-__all__ = ["Outcome", "build_status", "condition", "decision_events"]
+__all__ = ["Decision", "build_status"]

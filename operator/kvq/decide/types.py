@@ -12,7 +12,8 @@ from kvq.catalog.engines import EngineCatalog
 from kvq.catalog.gpus import GpuCatalog
 from kvq.catalog.models import ModelCatalog
 from kvq.decide.metrics import EngineReading
-from kvq.placement.discovery import DEFAULT_POOL_LABELS
+from kvq.fallback.ladder import LadderPolicy
+from kvq.placement.discovery import DEFAULT_POOL_LABELS, GpuPod
 
 Manifest = dict[str, Any]
 
@@ -36,6 +37,8 @@ class OperatorConfig:
     log_tail_bytes: int = 64 * 1024
     # Engine metrics are written to status at most this often (and only when they moved).
     metrics_min_interval: timedelta = timedelta(seconds=60)
+    ladder: LadderPolicy = field(default_factory=LadderPolicy)
+    """Repeats, back-offs and the grace period of the fallback ladder and placement."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class Snapshot:
     """The live engine Deployment, if any."""
     now: datetime
     catalogs: Catalogs
+    gpu_pods: Sequence[GpuPod] = ()
+    """Every pod bound to a node that holds GPUs (whose ever it is): what fills a pool."""
     config: OperatorConfig = field(default_factory=OperatorConfig)
     log_tails: Mapping[str, str] = field(default_factory=dict)
     """Pod name -> bounded tail of its previous container's log, when the executor fetched it."""
@@ -96,3 +101,9 @@ class Plan:
     """Events for decisions that changed in this reconcile (none when nothing changed)."""
     fetch_log_tails: tuple[str, ...] = ()
     """Pods whose previous-container log the executor should read, then decide again."""
+    recheck_after: timedelta | None = None
+    """Decide again after this long even if nothing changes (a grace period or back-off
+    ends, metrics are due); None: only when something changes."""
+    keep_live: bool = False
+    """Apply nothing and delete nothing: the decision waits on a pool that is gone for now,
+    and what runs stays as it is."""

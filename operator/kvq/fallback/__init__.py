@@ -1,42 +1,40 @@
-"""kvq.fallback: classify failure evidence and choose the next rung (pure).
+"""kvq.fallback: classify failure evidence and move the fallback ladder (pure).
 
-Typical use by the reconcile loop:
+Typical use by decide():
 
     evidence = evidence_from_pod(pod, log_tail=previous_log_tail)
     if evidence is not None:
         verdict = classify_failure(evidence, kv_cache_dtype=rendered_dtype)
-        if verdict.fallback:
-            decision = next_rung(..., current=rung, because=verdict.reason)
-            attempt = record_attempt(decision, current=rung, excerpt=verdict.excerpt, ...)
-        # else: Degraded with verdict.kind as the condition reason, verdict.reason as message
+        # verdict.action: fallback, fallback-after-repeats, wait or fix
+    position = climb(LadderInput(..., verdict=RuntimeVerdict(...)))
+    # position.rung runs; position.moves are recorded in status.fallback.attempts
 """
 
-from kvq.fallback.classifier import Classification, FailureKind, classify_failure
+from kvq.fallback.classifier import Action, Classification, FailureKind, classify_failure
 from kvq.fallback.evidence import FailureEvidence, bound_excerpt, evidence_from_pod
 from kvq.fallback.ladder import (
-    Attempt,
-    LadderDecision,
+    LadderInput,
+    LadderPolicy,
+    LadderPosition,
     Rung,
-    RungOption,
-    current_rung,
-    next_rung,
-    record_attempt,
-    start_rung,
+    RungState,
+    RuntimeVerdict,
+    climb,
 )
 
 __all__ = [
-    "Attempt",
+    "Action",
     "Classification",
     "FailureEvidence",
     "FailureKind",
-    "LadderDecision",
+    "LadderInput",
+    "LadderPolicy",
+    "LadderPosition",
     "Rung",
-    "RungOption",
+    "RungState",
+    "RuntimeVerdict",
     "bound_excerpt",
     "classify_failure",
-    "current_rung",
+    "climb",
     "evidence_from_pod",
-    "next_rung",
-    "record_attempt",
-    "start_rung",
 ]

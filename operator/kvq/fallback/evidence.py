@@ -66,19 +66,16 @@ def evidence_from_pod(
     *,
     container: str = "vllm",
     log_tail: str | None = None,
-    was_ready: bool | None = None,
-    observed_ready_at: Sequence[datetime] = (),
 ) -> FailureEvidence | None:
     """Collect the failure evidence of `pod`'s engine container, or None if it is not failing.
 
     Not failing means: still being created or started, or running and ready now.
 
-    Crash after ready, the honest rule: the failed run was ready if the caller says so
-    (`was_ready`), or if a moment the pod was seen Ready falls inside that run, i.e.
-    `startedAt <= t <= finishedAt` of the termination. Moments come from the pod's
-    Ready condition (when True, its lastTransitionTime) and from `observed_ready_at`,
-    times the operator recorded itself. `containerStatuses[].started` is not used: it
-    describes only the current run, never the run that ended.
+    Crash after ready: the failed run was ready if the moment the pod last turned Ready
+    (its Ready condition's lastTransitionTime, while True) falls inside that run, i.e.
+    `startedAt <= t <= finishedAt` of the termination. `containerStatuses[].started` is
+    not used: it describes only the current run, never the run that ended. The wrapper's
+    own note ("the engine had started serving") covers runs this rule cannot see.
     """
     metadata = _mapping(pod.get("metadata"))
     status = _mapping(pod.get("status"))
@@ -107,12 +104,10 @@ def evidence_from_pod(
 
     started_at = _timestamp(terminated.get("startedAt"))
     finished_at = _timestamp(terminated.get("finishedAt"))
-    ready_moments = [*observed_ready_at, *_ready_since(status)]
-    if was_ready is None:
-        was_ready = started_at is not None and any(
-            started_at <= moment and (finished_at is None or moment <= finished_at)
-            for moment in ready_moments
-        )
+    was_ready = started_at is not None and any(
+        started_at <= moment and (finished_at is None or moment <= finished_at)
+        for moment in _ready_since(status)
+    )
     exit_code = terminated.get("exitCode")
     return FailureEvidence(
         pod=name,

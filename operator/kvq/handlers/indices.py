@@ -1,8 +1,9 @@
-"""kopf indices: what reconcile reads instead of listing the API on every pass.
+"""kopf indices: what reconcile reads instead of asking the API server.
 
 Nodes by name (pool discovery); engine Pods and the objects kvq renders (ConfigMap,
 Deployment, Service, PodDisruptionBudget), labelled managed-by kvq, by (namespace,
-InferenceService name) from the `kvq.dev/inferenceservice` label.
+InferenceService name); and every pod that holds GPUs (what fills a pool). Bodies are
+kept without managedFields: the largest part of an object, and nothing kvq reads.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvq.api import keys
+from kvq.placement.discovery import GpuPod, gpu_pod
 
 EngineKey = tuple[str, str]
 
 MANAGED_BY_KVQ = {keys.LABEL_MANAGED_BY: keys.MANAGED_BY_VALUE}
+GPU_PODS_KEY = "gpu-pods"
 
 
 def kvq_nodes(name: str, body: Mapping[str, Any], **_: Any) -> dict[str, dict[str, Any]]:
@@ -29,8 +32,15 @@ def by_inference_service(
     return {(namespace, owner): plain(body)} if owner and namespace else {}
 
 
+def gpu_pods(body: Mapping[str, Any], **_: Any) -> dict[str, GpuPod]:
+    found = gpu_pod(body)
+    return {GPU_PODS_KEY: found} if found is not None else {}
+
+
 # Index id (the kwarg name kopf passes it under) -> (group, version, plural).
 POD_INDEX = "kvq_pods"
+GPU_POD_INDEX = "kvq_gpu_pods"
+NODE_INDEX = "kvq_nodes"
 OWNED_INDICES: dict[str, tuple[str, str, str]] = {
     "kvq_configmaps": ("", "v1", "configmaps"),
     "kvq_deployments": ("apps", "v1", "deployments"),
@@ -40,5 +50,10 @@ OWNED_INDICES: dict[str, tuple[str, str, str]] = {
 
 
 def plain(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A detached copy: kopf's bodies are live views that change under a running reconcile."""
-    return copy.deepcopy(dict(body))
+    """A detached copy without managedFields: kopf's bodies are live views that change
+    under a running reconcile."""
+    copied = copy.deepcopy(dict(body))
+    metadata = copied.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
+    return copied

@@ -1,7 +1,8 @@
-"""The kopf registry `kvq run` starts: startup, indices, and one reconcile on every trigger.
+"""The kopf registry `kvq run` starts: startup, indices, watch events, one daemon per service.
 
-Handlers are registered on a registry built at run time (not at import), so the timer's
-interval and the watched namespaces come from the command line.
+Handlers are registered on a registry built at run time (not at import), so settings and
+watched namespaces come from the command line. Watch events only signal; each
+InferenceService's daemon reconciles (handlers.controller).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import faulthandler
 import logging
 import secrets
 import signal
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
 
@@ -22,16 +24,25 @@ from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
 from kvq.decide.types import Catalogs, OperatorConfig
+from kvq.fallback.ladder import LadderPolicy
 from kvq.handlers import indices
+from kvq.handlers.controller import (
+    DEFAULT_RESYNC,
+    DEFAULT_WORKERS,
+    Controller,
+    PassResult,
+    owner_of,
+)
 from kvq.handlers.reconcile import Observed, Runtime, reconcile
 from kvq.k8s.clients import Clients, load_api_client
 from kvq.metrics import serve_metrics
 from kvq.observe.prometheus import PrometheusReader, min_query_gap
 from kvq.placement.discovery import DEFAULT_POOL_LABELS
 
-DEFAULT_INTERVAL = 10.0
 DEFAULT_METRICS_PORT = 8080
 DEFAULT_METRICS_INTERVAL = 60.0
+# kopf stops a daemon by cancelling it; a reconcile in a worker thread finishes on its own.
+DAEMON_CANCELLATION_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,9 @@ class RunOptions:
     all_namespaces: bool = False
     peering: str | None = None
     standalone: bool = False
-    interval: float = DEFAULT_INTERVAL
+    resync: float = DEFAULT_RESYNC.total_seconds()
+    """Seconds between safety-net reconciles of a service nothing has changed about."""
+    workers: int = DEFAULT_WORKERS
     metrics_port: int = DEFAULT_METRICS_PORT
     liveness: str | None = None
     priority: int | None = None
@@ -53,6 +66,7 @@ class RunOptions:
     """Least seconds between two writes of status.metrics of one InferenceService."""
     pool_labels: tuple[str, ...] = ()
     """Node labels naming a GPU pool, tried in order; kvq's defaults when empty."""
+    ladder: LadderPolicy = field(default_factory=LadderPolicy)
 
 
 def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -61,11 +75,8 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     # Status is kvq's API: kopf keeps its bookkeeping in annotations, never in status.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=keys.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=keys.GROUP)
-    # kopf blocks deletion while a timer runs on the object; the marker is kvq's own key.
+    # kopf keeps a finalizer while a daemon runs on the object; the marker is kvq's own key.
     settings.persistence.finalizer = keys.FINALIZER
-    # A deletion that lands while a (sync) timer pass runs waits for that pass to end: give
-    # it half a second, then re-check every second. kopf's default re-checks after 60 s,
-    # which held deletions for a minute whenever they met a running reconcile.
     settings.background.instant_exit_timeout = 0.5
     settings.background.cancellation_polling = 1.0
     options: RunOptions = memo.get("options") or RunOptions()
@@ -75,10 +86,19 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
         settings.scanning.disabled = True
     clients = Clients(load_api_client())
     clients.discover()
+    pool_labels = options.pool_labels or DEFAULT_POOL_LABELS
     config = OperatorConfig(
-        pool_labels=options.pool_labels or DEFAULT_POOL_LABELS,
+        pool_labels=pool_labels,
         metrics_min_interval=timedelta(seconds=options.metrics_interval),
+        ladder=options.ladder,
     )
+    controller = Controller(
+        workers=options.workers,
+        resync=timedelta(seconds=options.resync),
+        pool_labels=pool_labels,
+    )
+    controller.start()
+    memo.controller = controller
     memo.runtime = Runtime(
         catalogs=Catalogs(
             gpus=load_gpu_catalog(),
@@ -91,6 +111,12 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     )
 
 
+def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    controller: Controller | None = memo.get("controller")
+    if controller is not None:
+        controller.stop()
+
+
 def _metrics_reader(options: RunOptions, config: OperatorConfig) -> PrometheusReader | None:
     if not options.prometheus_url:
         return None
@@ -101,35 +127,94 @@ def _metrics_reader(options: RunOptions, config: OperatorConfig) -> PrometheusRe
     return reader
 
 
-def on_inference_service(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+async def serve_inference_service(
+    body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """The daemon of one InferenceService: reconcile whenever signalled, until stopped."""
     runtime: Runtime = memo.runtime
-    observed = Observed(
-        nodes=kwargs["kvq_nodes"],
-        pods=kwargs[indices.POD_INDEX],
-        owned=[kwargs[index_id] for index_id in indices.OWNED_INDICES],
-    )
-    reconcile(runtime, body, observed)
+    controller: Controller = memo.controller
+    key = (namespace, name)
+
+    def observe() -> Observed:
+        # On the event loop: kopf updates `body` and the indices here, never in between.
+        owned = [obj for index in indices.OWNED_INDICES for obj in kwargs[index].get(key, ())]
+        return Observed(
+            body=indices.plain(body),
+            nodes=[node for store in kwargs[indices.NODE_INDEX].values() for node in store],
+            pods=list(kwargs[indices.POD_INDEX].get(key, ())),
+            gpu_pods=list(kwargs[indices.GPU_POD_INDEX].get(indices.GPU_PODS_KEY, ())),
+            owned=owned,
+        )
+
+    await controller.serve(key, observe, lambda observed: _reconcile(runtime, observed))
 
 
-def build_registry(interval: float = DEFAULT_INTERVAL) -> kopf.OperatorRegistry:
+def _reconcile(runtime: Runtime, observed: Observed) -> PassResult:
+    return reconcile(runtime, observed).passed
+
+
+def on_inference_service_event(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.notify((namespace, name))
+
+
+def on_owned_event(
+    namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
+) -> None:
+    owner = owner_of(labels, namespace)
+    if owner is not None:
+        memo.controller.notify(owner)
+
+
+def on_pod_event(
+    namespace: str | None,
+    labels: Mapping[str, str],
+    uid: str,
+    body: kopf.Body,
+    type: str | None,
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    controller: Controller = memo.controller
+    owner = owner_of(labels, namespace)
+    if owner is not None:
+        controller.notify(owner)
+    controller.pod_changed(uid, None if type == "DELETED" else body)
+
+
+def on_node_event(name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.node_changed(name, None if type == "DELETED" else body)
+
+
+def build_registry() -> kopf.OperatorRegistry:
     # kopf's protocols spell out every kwarg; kvq's handlers take what they use, hence Any.
     registry: Any = kopf.OperatorRegistry()
     # The same login the executor's client uses: in-cluster, else kubeconfig.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(_handler(on_startup))
-    kopf.index("v1", "nodes", registry=registry)(_handler(indices.kvq_nodes))
+    kopf.on.cleanup(registry=registry)(_handler(on_cleanup))
+    kopf.index("v1", "nodes", id=indices.NODE_INDEX, registry=registry)(_handler(indices.kvq_nodes))
+    kopf.on.event("v1", "nodes", registry=registry)(_handler(on_node_event))
     managed = indices.MANAGED_BY_KVQ
     by_owner = _handler(indices.by_inference_service)
     kopf.index("v1", "pods", labels=managed, id=indices.POD_INDEX, registry=registry)(by_owner)
+    # Every pod's GPUs (whoever runs it): what makes a pool full.
+    kopf.index("v1", "pods", id=indices.GPU_POD_INDEX, registry=registry)(
+        _handler(indices.gpu_pods)
+    )
+    kopf.on.event("v1", "pods", registry=registry)(_handler(on_pod_event))
     for index_id, (group, version, plural) in indices.OWNED_INDICES.items():
         api = f"{group}/{version}" if group else version
         kopf.index(api, plural, labels=managed, id=index_id, registry=registry)(by_owner)
-    handler = _handler(on_inference_service)
-    for trigger in (kopf.on.create, kopf.on.update, kopf.on.resume):
-        trigger(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)(handler)
-    kopf.timer(GROUP, VERSION, PLURAL, id="reconcile-timer", interval=interval, registry=registry)(
-        handler
-    )
+        kopf.on.event(api, plural, labels=managed, registry=registry)(_handler(on_owned_event))
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(_handler(on_inference_service_event))
+    kopf.daemon(
+        GROUP,
+        VERSION,
+        PLURAL,
+        id="reconcile",
+        cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT,
+        registry=registry,
+    )(_handler(serve_inference_service))
     return cast(kopf.OperatorRegistry, registry)
 
 
@@ -140,14 +225,14 @@ def _handler(fn: Any) -> Any:
 def run(options: RunOptions) -> None:
     """Serve metrics and run the operator until a signal stops it."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # kopf reports every handler pass at INFO; at a 10 s timer that drowns kvq's own lines.
+    # kopf reports every handler pass at INFO; that drowns kvq's own lines.
     logging.getLogger("kopf.objects").setLevel(logging.INFO if options.verbose else logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # every liveness probe
     # `kill -USR1 <pid>` prints every thread's stack: how to see where a reconcile hangs.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     serve_metrics(options.metrics_port)
     kopf.run(
-        registry=build_registry(options.interval),
+        registry=build_registry(),
         clusterwide=options.all_namespaces,
         namespaces=list(options.namespaces),
         standalone=options.standalone or None,

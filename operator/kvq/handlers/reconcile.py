@@ -1,15 +1,16 @@
-"""The one reconcile: read (indices) -> decide (pure) -> execute (k8s). Same on every trigger."""
+"""The one reconcile: read (watch caches) -> decide (pure) -> execute (k8s). Same every time.
+
+Runs in a worker thread; everything it reads was copied out of kopf's indices on the event
+loop before it started (`Observed`), so nothing changes under it.
+"""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
-
-import kopf
 
 from kvq.api.models import InferenceService
 from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
@@ -19,19 +20,16 @@ from kvq.decide.invalid import REASON as INVALID_REASON
 from kvq.decide.invalid import invalid_status
 from kvq.decide.metrics import EngineReading
 from kvq.decide.types import Catalogs, EventSpec, OperatorConfig, Plan, Snapshot
-from kvq.handlers.indices import EngineKey, plain
+from kvq.handlers.controller import PassResult
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
-from kvq.k8s.executor import Outcome, execute
+from kvq.k8s.executor import ExecutionResult, Memory, execute
 from kvq.k8s.logs import read_log_tails
-from kvq.k8s.reads import read_inference_service
 from kvq.k8s.status import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 from kvq.observe.prometheus import PrometheusReader
+from kvq.placement.discovery import GpuPod
 from kvq.render.settings import RenderError, engine_image_and_version
-
-# A stale snapshot is cheap to redo: retry soon, the indices will have caught up.
-CONFLICT_RETRY_SECONDS = 1.0
 
 
 @dataclass
@@ -43,95 +41,77 @@ class Runtime:
     clients: Clients
     metrics_reader: PrometheusReader | None = None
     """Engine metrics for status.metrics; None when the operator has no Prometheus."""
-    _locks: dict[str, threading.Lock] = field(default_factory=dict)
-    _locks_guard: threading.Lock = field(default_factory=threading.Lock)
-
-    def lock_for(self, uid: str) -> threading.Lock:
-        """One reconcile at a time per object (the timer and a change handler may overlap)."""
-        with self._locks_guard:
-            return self._locks.setdefault(uid, threading.Lock())
+    memory: Memory = field(default_factory=Memory)
 
 
 @dataclass(frozen=True)
 class Observed:
-    """The kopf indices reconcile reads (key -> collection of plain bodies)."""
+    """One service's view of the watch caches, copied out before the reconcile runs."""
 
-    nodes: Mapping[Any, Collection[Mapping[str, Any]]]
-    pods: Mapping[EngineKey, Collection[Mapping[str, Any]]]
-    owned: Sequence[Mapping[EngineKey, Collection[Mapping[str, Any]]]]
-    """One index per kind kvq renders (ConfigMap, Deployment, Service, PDB)."""
+    body: Mapping[str, Any]
+    """The InferenceService (a detached copy)."""
+    nodes: Sequence[Mapping[str, Any]]
+    pods: Sequence[Mapping[str, Any]]
+    gpu_pods: Sequence[GpuPod]
+    owned: Sequence[Mapping[str, Any]]
+    """Objects labelled with this service's name (any incarnation: filtered by owner uid)."""
 
 
-def reconcile(
-    runtime: Runtime, body: Mapping[str, Any], observed: Observed, now: datetime | None = None
-) -> Outcome | None:
-    """Converge one InferenceService; None when there was nothing to converge (spec
-    unreadable, or the object is being deleted: its children go with it).
+@dataclass(frozen=True)
+class Outcome:
+    """A reconcile's result for tests and logs: the plan and what was carried out."""
 
-    kopf's body can lag behind a status this operator just wrote (a timer and a change
-    handler in a row): a conflict re-reads the object and decides once more before kopf is
-    asked to retry.
-    """
+    plan: Plan | None
+    result: ExecutionResult | None
+    passed: PassResult
+
+
+def reconcile(runtime: Runtime, observed: Observed, now: datetime | None = None) -> Outcome:
+    """Converge one InferenceService once."""
     now = now or datetime.now(UTC)
-    raw = plain(body)
-    meta = raw["metadata"]
-    if _being_deleted(raw):
+    raw = dict(observed.body)
+    if raw["metadata"].get("deletionTimestamp"):
         RECONCILES.labels(result="deleting").inc()
-        return None
-    with runtime.lock_for(meta["uid"]):
-        try:
-            try:
-                outcome = _reconcile_valid(runtime, raw, observed, now)
-            except StatusConflictError:
-                raw = read_inference_service(runtime.clients, meta["namespace"], meta["name"])
-                if _being_deleted(raw):
-                    # Never write to an object on its way out: kopf is lifting its finalizer.
-                    raise ObjectGoneError("being deleted") from None
-                outcome = _reconcile_valid(runtime, raw, observed, now)
-        except ObjectGoneError:
-            # Deleted under a reconcile that read it earlier; the garbage collector takes
-            # anything this pass applied (its ownerReference names the deleted owner).
-            RECONCILES.labels(result="deleting").inc()
-            return None
-        except InvalidInferenceServiceError as invalid:
-            _report_invalid(runtime, raw, invalid, now)
-            RECONCILES.labels(result="invalid").inc()
-            return None
-        except StatusConflictError as conflict:
-            RECONCILES.labels(result="conflict").inc()
-            raise kopf.TemporaryError(str(conflict), delay=CONFLICT_RETRY_SECONDS) from conflict
-        except Exception:
-            RECONCILES.labels(result="error").inc()
-            RECONCILE_ERRORS.inc()
-            raise
+        return Outcome(None, None, PassResult(gone=True))
+    try:
+        plan, result = _reconcile_valid(runtime, raw, observed, now)
+    except ObjectGoneError:
+        RECONCILES.labels(result="deleting").inc()
+        return Outcome(None, None, PassResult(gone=True))
+    except InvalidInferenceServiceError as invalid:
+        _report_invalid(runtime, raw, invalid, now)
+        RECONCILES.labels(result="invalid").inc()
+        return Outcome(None, None, PassResult())
+    except StatusConflictError:
+        RECONCILES.labels(result="conflict").inc()
+        return Outcome(None, None, PassResult(conflict=True))
+    except Exception:
+        RECONCILES.labels(result="error").inc()
+        RECONCILE_ERRORS.inc()
+        raise
     RECONCILES.labels(result="ok").inc()
-    return outcome
-
-
-def _being_deleted(raw: Mapping[str, Any]) -> bool:
-    return bool(raw["metadata"].get("deletionTimestamp"))
+    return Outcome(plan, result, _pass_result(runtime, plan))
 
 
 def _reconcile_valid(
     runtime: Runtime, raw: dict[str, Any], observed: Observed, now: datetime
-) -> Outcome:
+) -> tuple[Plan, ExecutionResult]:
     isvc = parse_inference_service(raw)
-    namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
-    key = (namespace, name)
-    pods = list(observed.pods.get(key, ()))
-    owned = [
-        obj
-        for index in observed.owned
-        for obj in index.get(key, ())
-        if _controlled_by(obj, raw["metadata"]["uid"])
-    ]
+    uid = raw["metadata"]["uid"]
+    owned = [obj for obj in observed.owned if _controlled_by(obj, uid)]
     deployment = next(
-        (o for o in owned if o["kind"] == "Deployment" and o["metadata"]["name"] == name), None
+        (
+            o
+            for o in owned
+            if o["kind"] == "Deployment" and o["metadata"]["name"] == isvc.metadata.name
+        ),
+        None,
     )
     snapshot = Snapshot(
         isvc=isvc,
-        nodes=[node for store in observed.nodes.values() for node in store],
-        pods=pods,
+        nodes=observed.nodes,
+        pods=observed.pods,
+        gpu_pods=observed.gpu_pods,
         deployment=deployment,
         now=now,
         catalogs=runtime.catalogs,
@@ -142,10 +122,30 @@ def _reconcile_valid(
     plan = _timed_decide(snapshot)
     if plan.fetch_log_tails:
         tails = read_log_tails(
-            runtime.clients, namespace, plan.fetch_log_tails, pods, runtime.config
+            runtime.clients,
+            isvc.metadata.namespace or "",
+            plan.fetch_log_tails,
+            observed.pods,
+            runtime.config,
         )
         plan = _timed_decide(replace(snapshot, log_tails=tails))
-    return execute(runtime.clients, plan, raw, now)
+    return plan, execute(runtime.clients, plan, raw, owned, runtime.memory, now)
+
+
+def _pass_result(runtime: Runtime, plan: Plan) -> PassResult:
+    status = plan.status
+    conditions = {c["type"]: c for c in status.get("conditions") or []}
+    placed = conditions.get("Placed", {}).get("status") == "True"
+    fallback = conditions.get("FallbackActive", {}).get("status") == "True"
+    recheck = plan.recheck_after
+    if runtime.metrics_reader is not None and plan.apply:
+        due = runtime.config.metrics_min_interval
+        recheck = due if recheck is None else min(recheck, due)
+    return PassResult(
+        recheck_after=recheck,
+        pool=(status.get("placement") or {}).get("pool"),
+        watches_capacity=not placed or fallback,
+    )
 
 
 def _engine_metrics(
@@ -182,7 +182,10 @@ def _report_invalid(
     runtime: Runtime, raw: dict[str, Any], invalid: InvalidInferenceServiceError, now: datetime
 ) -> None:
     status = invalid_status(raw, invalid.violations, now)
-    # The Event goes with the status change only, not with every timer tick.
-    if write_status(runtime.clients, raw, status):
+    # The Event goes with the status change only, not with every pass.
+    if write_status(runtime.clients, raw, status, runtime.memory.forms):
         message = "; ".join(str(v) for v in invalid.violations)
         post_event(runtime.clients, raw, EventSpec("Warning", INVALID_REASON, message), now)
+
+
+__all__ = ["Observed", "Outcome", "Runtime", "reconcile"]

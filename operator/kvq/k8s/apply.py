@@ -1,14 +1,20 @@
-"""Server-side apply with one field manager, writing only when the server says it would change.
+"""Server-side apply with one field manager, sent only when the live object differs.
 
-A dry-run apply returns exactly what the server would store (defaults, other managers'
-fields, admission included); comparing it with the live object tells "nothing to do" from
-"something changed" without ever copying an API default into kvq.
+The live object comes from the operator's watch cache (kopf indices), so a pass that
+changes nothing makes no API call. "Differs" means a field kvq renders is missing or has
+another value in the live object (fields the server or other managers add are ignored).
+When the cache says "differs" but the reason may be only the server's normal form (a
+quantity spelled differently), a dry-run apply decides, and the verdict is remembered for
+that resourceVersion so it is never asked twice.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.dynamic.exceptions import NotFoundError
@@ -16,11 +22,11 @@ from kubernetes.dynamic.exceptions import NotFoundError
 from kvq.api import keys
 from kvq.decide.types import Manifest, ObjectRef
 from kvq.k8s.clients import Clients
-from kvq.metrics import count_write
+from kvq.metrics import count_read, count_write
 
-# Metadata the server owns or bumps on every write; never a reason to apply.
-_COMPARED_METADATA = ("labels", "annotations", "ownerReferences", "finalizers")
-_SERVER_OWNED_TOP_LEVEL = ("metadata", "status")
+# Metadata kvq renders and compares; the rest (uid, resourceVersion, managedFields, ...) is
+# the server's.
+_COMPARED_METADATA = ("labels", "annotations", "ownerReferences")
 
 
 @dataclass(frozen=True)
@@ -29,36 +35,82 @@ class ApplyResult:
     name: str
     written: bool
     """True when a real apply was sent (the object was created or changed)."""
-    live: Manifest
-    """The object as the server stores it after this call (the dry-run view when unchanged)."""
 
 
-def apply_manifest(clients: Clients, manifest: Manifest) -> ApplyResult:
-    """Make the server hold `manifest`'s fields (force: kvq owns what it renders)."""
+@dataclass
+class SameAsServer:
+    """Manifests the server holds already although the cache does not show it: the server
+    said so (a dry run), or kvq just applied them and the watch has not caught up. Valid
+    while the cache shows the resourceVersion it showed then."""
+
+    _verdicts: dict[tuple[str, str, str, str], tuple[str, str]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def holds(self, manifest: Manifest, live: Mapping[str, Any] | None) -> bool:
+        with self._lock:
+            return self._verdicts.get(_ident(manifest)) == (_digest(manifest), _version(live))
+
+    def remember(self, manifest: Manifest, live: Mapping[str, Any] | None) -> None:
+        with self._lock:
+            self._verdicts[_ident(manifest)] = (_digest(manifest), _version(live))
+
+    def forget(self, namespace: str, owner: str) -> None:
+        """Drop what was remembered of one InferenceService's objects (it is gone)."""
+        with self._lock:
+            for ident in [i for i in self._verdicts if i[1] == namespace and i[3] == owner]:
+                del self._verdicts[ident]
+
+
+def apply_manifest(
+    clients: Clients,
+    manifest: Manifest,
+    live: Mapping[str, Any] | None,
+    same: SameAsServer,
+) -> ApplyResult:
+    """Make the server hold `manifest`'s fields (force: kvq owns what it renders).
+
+    `live` is the object as the watch cache has it (None: absent).
+    """
     kind = manifest["kind"]
-    meta = manifest["metadata"]
-    name, namespace = meta["name"], meta.get("namespace")
+    name = manifest["metadata"]["name"]
+    if (live is not None and holds(manifest, live)) or same.holds(manifest, live):
+        return ApplyResult(kind, name, written=False)
     resource = clients.resource(manifest["apiVersion"], kind)
-    live = _read(clients, resource, name, namespace)
+    namespace = manifest["metadata"].get("namespace")
     if live is not None:
         preview = _server_side_apply(clients, resource, manifest, namespace, dry_run=True)
-        if comparable(preview) == comparable(live):
-            return ApplyResult(kind, name, written=False, live=preview)
-    stored = _server_side_apply(clients, resource, manifest, namespace, dry_run=False)
+        if _comparable(preview) == _comparable(live):
+            # Only the form differs (defaults, normalised quantities): remember it.
+            same.remember(manifest, live)
+            return ApplyResult(kind, name, written=False)
+    _server_side_apply(clients, resource, manifest, namespace, dry_run=False)
     count_write(kind, "apply")
-    return ApplyResult(kind, name, written=True, live=stored)
+    same.remember(manifest, live)  # until the watch delivers what was just written
+    return ApplyResult(kind, name, written=True)
 
 
-def delete_object(clients: Clients, ref: ObjectRef) -> bool:
-    """Delete an object kvq rendered earlier; False when it is gone or not kvq's to delete."""
-    resource = clients.resource(ref.api_version, ref.kind)
-    live = _read(clients, resource, ref.name, ref.namespace)
-    if live is None:
-        return False
+def holds(desired: Any, live: Any) -> bool:
+    """Every field of `desired` is in `live` with the same value (lists item by item)."""
+    if isinstance(desired, Mapping):
+        if not isinstance(live, Mapping):
+            return False
+        return all(k in live and holds(v, live[k]) for k, v in desired.items() if v is not None)
+    if isinstance(desired, list):
+        if not isinstance(live, list) or len(desired) != len(live):
+            return False
+        return all(holds(d, x) for d, x in zip(desired, live, strict=True))
+    if isinstance(desired, bool) or isinstance(live, bool):
+        return desired is live
+    return bool(desired == live)
+
+
+def delete_object(clients: Clients, ref: ObjectRef, live: Mapping[str, Any]) -> bool:
+    """Delete an object kvq rendered earlier; False when it is gone or not kvq's."""
     labels = (live.get("metadata") or {}).get("labels") or {}
     if labels.get(keys.LABEL_MANAGED_BY) != keys.MANAGED_BY_VALUE:
         # Someone else's object with the same name: never delete what kvq did not create.
         return False
+    resource = clients.resource(ref.api_version, ref.kind)
     try:
         clients.dynamic.delete(
             resource,
@@ -66,7 +118,7 @@ def delete_object(clients: Clients, ref: ObjectRef) -> bool:
             namespace=ref.namespace,
             body={
                 "propagationPolicy": "Background",
-                # Only the object we just read, not one recreated under the same name since.
+                # Only the object we saw, not one recreated under the same name since.
                 "preconditions": {"uid": live["metadata"]["uid"]},
             },
         )
@@ -76,25 +128,19 @@ def delete_object(clients: Clients, ref: ObjectRef) -> bool:
     return True
 
 
-def comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
+def _comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of an object a write can change on kvq's behalf (no status, no bookkeeping)."""
     meta = obj.get("metadata") or {}
-    view: dict[str, Any] = {k: v for k, v in obj.items() if k not in _SERVER_OWNED_TOP_LEVEL}
+    view: dict[str, Any] = {k: v for k, v in obj.items() if k not in ("metadata", "status")}
     view["metadata"] = {k: meta[k] for k in _COMPARED_METADATA if meta.get(k)}
     return view
-
-
-def _read(clients: Clients, resource: Any, name: str, namespace: str | None) -> Manifest | None:
-    try:
-        found = clients.dynamic.get(resource, name=name, namespace=namespace)
-    except NotFoundError:
-        return None
-    return _plain(found)
 
 
 def _server_side_apply(
     clients: Clients, resource: Any, manifest: Manifest, namespace: str | None, *, dry_run: bool
 ) -> Manifest:
+    if dry_run:
+        count_read(manifest["kind"], "dry-run")
     result = clients.dynamic.server_side_apply(
         resource,
         body=manifest,
@@ -103,9 +149,20 @@ def _server_side_apply(
         force_conflicts=True,
         dry_run="All" if dry_run else None,
     )
-    return _plain(result)
-
-
-def _plain(instance: Any) -> Manifest:
-    plain: Manifest = instance.to_dict()
+    plain: Manifest = result.to_dict()
     return plain
+
+
+def _ident(manifest: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    meta = manifest.get("metadata") or {}
+    owner = (meta.get("labels") or {}).get(keys.LABEL_INFERENCESERVICE, "")
+    return (str(manifest.get("kind")), str(meta.get("namespace")), str(meta.get("name")), owner)
+
+
+def _digest(manifest: Mapping[str, Any]) -> str:
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _version(live: Mapping[str, Any] | None) -> str:
+    return str(((live or {}).get("metadata") or {}).get("resourceVersion", ""))

@@ -7,22 +7,30 @@ then events, so a conflict re-runs the decision before any event about it is pos
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from kvq.decide.types import Plan
-from kvq.k8s.apply import apply_manifest, delete_object
+from kvq.k8s.apply import SameAsServer, apply_manifest, delete_object
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
-from kvq.k8s.status import write_status
+from kvq.k8s.status import StoredForms, write_status
 
 log = logging.getLogger("kvq.executor")
 
 
+@dataclass
+class Memory:
+    """What the executor remembers between passes so that a settled service costs nothing."""
+
+    same: SameAsServer = field(default_factory=SameAsServer)
+    forms: StoredForms = field(default_factory=StoredForms)
+
+
 @dataclass(frozen=True)
-class Outcome:
+class ExecutionResult:
     """What one execution wrote (names as Kind/name)."""
 
     applied: tuple[str, ...]
@@ -36,28 +44,43 @@ class Outcome:
         return len(self.applied) + len(self.deleted) + int(self.status_written) + self.events_posted
 
 
-def execute(clients: Clients, plan: Plan, isvc: Mapping[str, Any], now: datetime) -> Outcome:
-    """Make the cluster match `plan` for the InferenceService `isvc` (the body the plan read)."""
+def execute(
+    clients: Clients,
+    plan: Plan,
+    isvc: Mapping[str, Any],
+    live: Sequence[Mapping[str, Any]],
+    memory: Memory,
+    now: datetime,
+) -> ExecutionResult:
+    """Make the cluster match `plan` for `isvc` (the body the plan read); `live` holds the
+    objects it owns, as the watch cache has them."""
     meta = isvc["metadata"]
     where = f"{meta['namespace']}/{meta['name']}"
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in live}
     applied: list[str] = []
     unchanged: list[str] = []
-    for manifest in plan.apply:
-        result = apply_manifest(clients, manifest)
-        (applied if result.written else unchanged).append(f"{result.kind}/{result.name}")
-    deleted = [f"{ref.kind}/{ref.name}" for ref in plan.delete if delete_object(clients, ref)]
+    deleted: list[str] = []
+    if not plan.keep_live:
+        for manifest in plan.apply:
+            current = by_name.get((manifest["kind"], manifest["metadata"]["name"]))
+            result = apply_manifest(clients, manifest, current, memory.same)
+            (applied if result.written else unchanged).append(f"{result.kind}/{result.name}")
+        for ref in plan.delete:
+            current = by_name.get((ref.kind, ref.name))
+            if current is not None and delete_object(clients, ref, current):
+                deleted.append(f"{ref.kind}/{ref.name}")
     # Names and reasons only: manifests may carry secret references, never log their bodies.
     for name in applied:
         log.info("%s: applied %s", where, name)
     for name in deleted:
         log.info("%s: deleted %s", where, name)
-    status_written = write_status(clients, isvc, plan.status)
+    status_written = write_status(clients, isvc, plan.status, memory.forms)
     if status_written:
         log.info("%s: status written", where)
     for event in plan.events:
         post_event(clients, isvc, event, now)
         log.info("%s: event %s %s", where, event.type, event.reason)
-    return Outcome(
+    return ExecutionResult(
         applied=tuple(applied),
         unchanged=tuple(unchanged),
         deleted=tuple(deleted),

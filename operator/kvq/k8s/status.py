@@ -1,12 +1,19 @@
 """The InferenceService status subresource: written only when it changes, never blindly.
 
 The write carries the resourceVersion the reconcile read, so a status computed from a stale
-snapshot fails with 409 instead of overwriting newer facts (StatusConflictError: retry).
+snapshot fails with 409 instead of overwriting newer facts (StatusConflictError: decide
+again). Whether it changed is judged against the watch cache, without a request; a status
+the server stores in another form than kvq sent (pruned or defaulted fields) is remembered,
+so it is not written again and again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from kubernetes.client.exceptions import ApiException
@@ -19,19 +26,47 @@ from kvq.metrics import count_write
 
 
 class StatusConflictError(RuntimeError):
-    """The InferenceService changed after it was read; decide again from a fresh read."""
+    """The InferenceService changed after it was read; decide again from a fresh view."""
 
 
 class ObjectGoneError(RuntimeError):
     """The InferenceService was deleted while it was being reconciled: nothing left to do."""
 
 
-def write_status(clients: Clients, isvc: Mapping[str, Any], desired: Manifest) -> bool:
-    """Replace `status` with `desired` unless the server already stores it; True if written."""
-    stored = isvc.get("status") or {}
-    if without_nulls(desired) == without_nulls(stored):
-        return False
+@dataclass
+class StoredForms:
+    """Statuses the server holds although the cache does not show them as sent: stored in
+    another form (pruned or defaulted fields), or written a moment ago and not yet seen
+    through the watch. uid -> (digest of the status sent, what the cache shows for it)."""
+
+    _forms: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def matches(self, uid: str, desired: Manifest, shown: str) -> bool:
+        with self._lock:
+            return self._forms.get(uid) == (_digest(desired), shown)
+
+    def remember(self, uid: str, desired: Manifest, shown: str) -> None:
+        with self._lock:
+            self._forms[uid] = (_digest(desired), shown)
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._forms.pop(uid, None)
+
+
+def write_status(
+    clients: Clients, isvc: Mapping[str, Any], desired: Manifest, forms: StoredForms
+) -> bool:
+    """Replace `status` with `desired` unless the cache already holds it; True if written."""
     meta = isvc["metadata"]
+    stored = without_nulls(isvc.get("status") or {})
+    wanted = without_nulls(desired)
+    uid = meta["uid"]
+    if wanted == stored or forms.matches(uid, wanted, _digest(stored)):
+        return False
+    if forms.matches(uid, wanted, f"rv:{meta['resourceVersion']}"):
+        return False  # written from this very version a moment ago; the watch lags
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
@@ -42,12 +77,31 @@ def write_status(clients: Clients, isvc: Mapping[str, Any], desired: Manifest) -
         },
         "status": desired,
     }
-    # Schema defaults or pruning can make `desired` differ in form only: let the server say.
-    preview = _replace_status(clients, meta, body, dry_run=True)
-    if without_nulls(preview.get("status") or {}) == without_nulls(stored):
-        return False
-    _replace_status(clients, meta, body, dry_run=False)
+    try:
+        result = clients.custom.replace_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            meta["namespace"],
+            PLURAL,
+            meta["name"],
+            body,
+            field_manager=keys.FIELD_MANAGER,
+        )
+    except ApiException as error:
+        if error.status == 404:
+            raise ObjectGoneError(f"{KIND} {meta['namespace']}/{meta['name']} is gone") from error
+        if error.status == 409:
+            raise StatusConflictError(
+                f"{KIND} {meta['namespace']}/{meta['name']} changed since resourceVersion "
+                f"{meta['resourceVersion']}"
+            ) from error
+        raise
     count_write(KIND, "status")
+    written = without_nulls(cast(dict[str, Any], result).get("status") or {})
+    if written != wanted:
+        forms.remember(uid, wanted, _digest(written))  # the server's form of `wanted`
+    else:
+        forms.remember(uid, wanted, f"rv:{meta['resourceVersion']}")
     return True
 
 
@@ -61,28 +115,6 @@ def without_nulls(value: Any) -> Any:
     return value
 
 
-def _replace_status(
-    clients: Clients, meta: Mapping[str, Any], body: Manifest, *, dry_run: bool
-) -> Manifest:
-    api = clients.custom
-    try:
-        result = api.replace_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            meta["namespace"],
-            PLURAL,
-            meta["name"],
-            body,
-            dry_run="All" if dry_run else None,
-            field_manager=keys.FIELD_MANAGER,
-        )
-    except ApiException as error:
-        if error.status == 404:
-            raise ObjectGoneError(f"{KIND} {meta['namespace']}/{meta['name']} is gone") from error
-        if error.status == 409:
-            raise StatusConflictError(
-                f"{KIND} {meta['namespace']}/{meta['name']} changed since resourceVersion "
-                f"{meta['resourceVersion']}"
-            ) from error
-        raise
-    return cast(Manifest, result)
+def _digest(value: Any) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,7 +1,12 @@
-"""Choose the node pool for one rung: engine x dtype x compute capability, capacity, policy.
+"""Choose the node pool for one rung: what can run here at all, and what can run now.
 
-Every pool gets a verdict with the reasons it was turned down, so "no pool fits" can
-name what is missing instead of just saying no.
+Two kinds of "no": a pool that *cannot run* the rung (engine x dtype x compute capability,
+model size, taints, selectors: permanent until the spec or the pool changes) and a pool
+that *cannot run it now* (nodes NotReady, GPUs taken, a transient taint: it passes). Every
+pool gets a verdict with its reasons, so "no pool fits" names what is missing.
+
+Stable: the pool the service runs on is kept while it is compatible; a pool that cannot run
+it now is left only when the caller says the grace period is over and another can.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from kvq.api import keys
 from kvq.api.spec import Toleration
 from kvq.catalog.engines import EngineCapability
 from kvq.catalog.models import ModelArchitecture
-from kvq.placement.discovery import Inventory
-from kvq.placement.pool import NodePool, Taint
+from kvq.placement.discovery import TRANSIENT_TAINT_KEYS, Inventory
+from kvq.placement.pool import GpuNode, NodePool, OwnerKey, Taint
 from kvq.planner import CapacityPlan, plan_capacity
 from kvq.planner.weights import WeightFormat
 
 DEFAULT_BLOCK_SIZE = 16
 NOT_ALLOWED = "not in spec.placement.pools"
+# Taints kvq tolerates on its own: the GPU vendors' "GPU workloads only" taint.
+GPU_TAINT_KEYS = frozenset({keys.GPU_TAINT_KEY})
 
 
 @dataclass(frozen=True)
@@ -38,18 +45,39 @@ class PoolRequest:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Toleration] = ()
     prefer: str = "cheapest"
+    replicas: int = 1
+    owner: OwnerKey | None = None
+    """The InferenceService asking: GPUs its own pods hold count as free for it."""
+    current_pool: str | None = None
+    """The pool the service runs on now (kept while compatible)."""
+    leave_current: bool = False
+    """The grace period is over: leave the current pool if it cannot run now and another can."""
+    unschedulable: str = ""
+    """The scheduler's message when the service's pods do not fit on the current pool (it
+    knows more than GPU counts: CPU, memory, affinity)."""
 
 
 @dataclass(frozen=True)
 class PoolVerdict:
     pool: NodePool
     reasons: tuple[str, ...]
-    """Why the pool cannot take the rung; empty when it can."""
+    """Why the pool cannot run the rung at all; empty when it can."""
     plan: CapacityPlan | None = None
+    slots: int = 0
+    """Replicas that fit on the pool's usable nodes now (the asking service's own pods
+    counted as room)."""
+    not_now: str = ""
+    """Why the pool cannot take every replica now; empty when it can."""
 
     @property
     def fits(self) -> bool:
+        """Compatible: can run the rung at all."""
         return not self.reasons
+
+    @property
+    def runnable(self) -> bool:
+        """Compatible and able to take every replica now."""
+        return self.fits and not self.not_now
 
 
 @dataclass(frozen=True)
@@ -57,6 +85,8 @@ class PoolChoice:
     chosen: PoolVerdict | None
     verdicts: tuple[PoolVerdict, ...]
     unknown_pools: tuple[str, ...] = ()
+    missing_current: str | None = None
+    """The current pool, when no node of it is left (scaled to zero, or gone)."""
 
     def why_none(self) -> str:
         """One sentence naming, per pool, what is missing."""
@@ -79,6 +109,16 @@ class PoolChoice:
             parts.append(f"{len(excluded)} other pools are not in spec.placement.pools ({names})")
         return "no pool fits: " + " | ".join(parts)
 
+    def why_not_now(self) -> str:
+        """Why the chosen pool cannot run every replica now ("" when it can)."""
+        if self.missing_current is not None:
+            return f"pool {self.missing_current} has no nodes (scaled to zero, or gone)"
+        if self.chosen is None:
+            return self.why_none()
+        if not self.chosen.not_now:
+            return ""
+        return f"pool {self.chosen.pool.name}: {self.chosen.not_now}"
+
 
 def choose_pool(
     request: PoolRequest,
@@ -86,44 +126,57 @@ def choose_pool(
     capability: EngineCapability,
     arch: ModelArchitecture,
 ) -> PoolChoice:
-    """The best pool for the request, and every pool's verdict."""
+    """The pool for the request (stable when it can be), and every pool's verdict."""
     verdicts = tuple(_judge(pool, request, capability, arch) for pool in inventory.pools)
-    fitting = [v for v in verdicts if v.fits]
     unknown = tuple(f"{u.name}={u.product_label}" for u in inventory.unknown)
-    if not fitting:
+    compatible = [v for v in verdicts if v.fits]
+    current = next((v for v in compatible if v.pool.name == request.current_pool), None)
+    known = {v.pool.name for v in verdicts}
+    missing = request.current_pool if request.current_pool not in (None, *known) else None
+    if current is not None and (current.runnable or not request.leave_current):
+        return PoolChoice(current, verdicts, unknown)
+    runnable = [v for v in compatible if v.runnable]
+    if missing is not None and not request.leave_current:
+        # Wait for the pool to come back before moving anything (an autoscaler may be
+        # bringing its nodes up again).
+        return PoolChoice(None, verdicts, unknown, missing_current=missing)
+    if current is not None and not runnable:
+        return PoolChoice(current, verdicts, unknown)  # nowhere better to go
+    if not compatible:
         return PoolChoice(None, verdicts, unknown)
-    return PoolChoice(min(fitting, key=lambda v: _rank(v, request.prefer)), verdicts, unknown)
+    best = min(compatible, key=lambda v: _rank(v, request))
+    return PoolChoice(best, verdicts, unknown)
 
 
-def _rank(verdict: PoolVerdict, prefer: str) -> tuple[float, float, str]:
+def _rank(verdict: PoolVerdict, request: PoolRequest) -> tuple[int, float, float, str]:
     assert verdict.plan is not None
+    # Pools that can take every replica now first, then those that can take some.
+    room = 0 if verdict.runnable else (1 if verdict.slots > 0 else 2)
     cost = verdict.pool.gpu.relative_cost
     headroom = -verdict.plan.kv_tokens
-    if prefer == "headroom":
-        return (headroom, cost, verdict.pool.name)
-    return (cost, headroom, verdict.pool.name)
+    if request.prefer == "headroom":
+        return (room, headroom, cost, verdict.pool.name)
+    return (room, cost, headroom, verdict.pool.name)
 
 
 def _judge(
     pool: NodePool, request: PoolRequest, capability: EngineCapability, arch: ModelArchitecture
 ) -> PoolVerdict:
     reasons: list[str] = []
-    if request.allowed_pools and pool.name not in request.allowed_pools:
+    if request.allowed_pools and not pool.in_group(request.allowed_pools):
         reasons.append(NOT_ALLOWED)
     missing = {k: v for k, v in request.node_selector.items() if pool.labels.get(k) != v}
     if missing:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(missing.items()))
         reasons.append(f"nodes lack labels {labels}")
-    untolerated = [t for t in pool.taints if not _tolerated(t, request.tolerations)]
+    untolerated = [t for t in pool.taints if not tolerated(t, request.tolerations)]
     if untolerated:
         taints = ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in untolerated)
-        reasons.append(f"taints not tolerated: {taints}")
+        reasons.append(f"taints not tolerated: {taints} (add them to spec.placement.tolerations)")
     if pool.gpus_per_node < request.gpus_per_replica:
         reasons.append(
             f"nodes have {pool.gpus_per_node} GPUs, a replica needs {request.gpus_per_replica}"
         )
-    elif pool.allocatable_gpus < request.gpus_per_replica:
-        reasons.append("no ready node with enough allocatable GPUs")
     verdict = capability.kv_dtype_verdict(request.kv_cache_dtype, pool.gpu.compute_capability)
     if not verdict.ok:
         reasons.append(verdict.reason)
@@ -147,12 +200,58 @@ def _judge(
             f"holds {plan.max_concurrency:.1f} sequences of {plan.max_model_len} tokens, "
             f"spec.capacity needs {request.min_concurrency}"
         )
-    return PoolVerdict(pool, tuple(reasons), plan)
+    slots, not_now = _room(pool, request)
+    if request.unschedulable and pool.name == request.current_pool:
+        not_now = f"replicas cannot be scheduled ({request.unschedulable})"
+    return PoolVerdict(pool, tuple(reasons), plan, slots, not_now)
 
 
-def _tolerated(taint: Taint, tolerations: Sequence[Toleration]) -> bool:
-    if taint.effect == "PreferNoSchedule" or taint.key == keys.GPU_TAINT_KEY:
-        return True  # kvq always tolerates the GPU taint of the pool it chose
+def _room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:
+    """Replicas that fit now, and why not all of them do ("" when they do)."""
+    need = request.gpus_per_replica
+    usable = [n for n in pool.nodes if _usable(n, request.tolerations)]
+    slots = sum(n.free_for(request.owner) // need for n in usable)
+    if slots >= request.replicas:
+        return slots, ""
+    if not usable:
+        return 0, _unusable(pool, request.tolerations)
+    free = sum(n.free_for(request.owner) for n in usable)
+    return slots, (
+        f"room for {slots} of {request.replicas} replicas now ({free} free GPUs on "
+        f"{len(usable)} usable nodes, {need} per replica)"
+    )
+
+
+def _usable(node: GpuNode, tolerations: Sequence[Toleration]) -> bool:
+    return node.ready and all(
+        t.effect == "PreferNoSchedule" or tolerated(t, tolerations) for t in node.taints
+    )
+
+
+def _unusable(pool: NodePool, tolerations: Sequence[Toleration]) -> str:
+    not_ready = sum(1 for n in pool.nodes if not n.ready)
+    tainted = sorted(
+        {
+            t.key
+            for n in pool.nodes
+            if n.ready
+            for t in n.taints
+            if t.effect != "PreferNoSchedule" and not tolerated(t, tolerations)
+        }
+    )
+    parts = []
+    if not_ready:
+        parts.append(f"{not_ready} of {pool.node_count} nodes not ready or cordoned")
+    if tainted:
+        transient = [k for k in tainted if k in TRANSIENT_TAINT_KEYS]
+        parts.append(f"nodes tainted {', '.join(transient or tainted)}")
+    return "; ".join(parts) or "no usable node"
+
+
+def tolerated(taint: Taint, tolerations: Sequence[Toleration]) -> bool:
+    """Does the pod tolerate `taint`? kvq adds only the GPU taints' tolerations itself."""
+    if taint.key in GPU_TAINT_KEYS:
+        return True
     for toleration in tolerations:
         if toleration.effect not in (None, taint.effect):
             continue

@@ -6,13 +6,14 @@ index) and the GPU catalog; never lists anything itself.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvq.api import keys
 from kvq.catalog.gpus import GpuCatalog, GpuModel
-from kvq.placement.pool import NodePool, Taint, TaintEffect
+from kvq.placement.pool import GpuNode, NodePool, OwnerKey, Taint, TaintEffect
 
 # Pool label keys in the order they are tried: the node's autoscaler or cloud pool.
 DEFAULT_POOL_LABELS: tuple[str, ...] = (
@@ -29,6 +30,27 @@ _GPU_NAME_LABELS: tuple[tuple[str, str | None], ...] = (
     ("cloud.google.com/gke-accelerator", None),
     ("karpenter.k8s.aws/instance-gpu-name", "karpenter.k8s.aws/instance-gpu-memory"),
     ("karpenter.azure.com/sku-gpu-name", None),
+)
+# Taints that come and go with a node's life (readiness, pressure, autoscaler disruption,
+# shutdown): a node carrying one cannot take a pod now, but the pool is not changed by it.
+TRANSIENT_TAINT_KEYS = frozenset(
+    {
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/unschedulable",
+        "node.kubernetes.io/memory-pressure",
+        "node.kubernetes.io/disk-pressure",
+        "node.kubernetes.io/pid-pressure",
+        "node.kubernetes.io/network-unavailable",
+        "node.kubernetes.io/out-of-service",
+        "node.cloudprovider.kubernetes.io/uninitialized",
+        "node.cloudprovider.kubernetes.io/shutdown",
+        "karpenter.sh/disrupted",
+        "karpenter.sh/disruption",
+        "karpenter.sh/unregistered",
+        "ToBeDeletedByClusterAutoscaler",
+        "DeletionCandidateOfClusterAutoscaler",
+    }
 )
 _GPU_COUNT_LABELS = (
     "nvidia.com/gpu.count",
@@ -55,97 +77,181 @@ class Inventory:
 
 
 @dataclass(frozen=True)
-class _GpuNode:
+class GpuPod:
+    """A pod bound to a node and requesting GPUs (what makes a pool full)."""
+
+    node: str
+    gpus: int
+    owner: OwnerKey | None
+    """The InferenceService whose engine it is; None for anybody else's pod."""
+
+
+@dataclass(frozen=True)
+class _NodeFacts:
     pool: str
     pool_label: tuple[str, str] | None
+    product_key: str
     product_label: str
     memory_mib: int | None
     gpus: int
-    allocatable: int
-    ready: bool
+    node: GpuNode
     labels: Mapping[str, str]
-    taints: frozenset[Taint]
 
 
 def discover_pools(
     nodes: Iterable[Mapping[str, Any]],
     catalog: GpuCatalog,
     pool_labels: Sequence[str] = DEFAULT_POOL_LABELS,
+    gpu_pods: Iterable[GpuPod] = (),
 ) -> Inventory:
-    """Group GPU nodes into pools; nodes without GPUs are ignored."""
-    grouped: dict[str, list[_GpuNode]] = {}
+    """Group GPU nodes into pools (by pool label, then GPU product); others are ignored."""
+    usage: dict[str, dict[OwnerKey | None, int]] = {}
+    for pod in gpu_pods:
+        per_node = usage.setdefault(pod.node, {})
+        per_node[pod.owner] = per_node.get(pod.owner, 0) + pod.gpus
+    grouped: dict[str, list[_NodeFacts]] = {}
     for node in nodes:
-        gpu_node = _read_node(node, pool_labels)
-        if gpu_node is not None:
-            grouped.setdefault(gpu_node.pool, []).append(gpu_node)
+        facts = _read_node(node, pool_labels, usage)
+        if facts is not None:
+            grouped.setdefault(facts.pool, []).append(facts)
     pools: list[NodePool] = []
     unknown: list[UnknownGpuPool] = []
     for name, members in sorted(grouped.items()):
-        first = members[0]
-        gpu = catalog.lookup(first.product_label, first.memory_mib)
-        if gpu is None:
-            unknown.append(UnknownGpuPool(name, first.product_label, len(members)))
-            continue
-        pools.append(_pool(name, gpu, members))
+        by_product: dict[str, list[_NodeFacts]] = {}
+        for member in members:
+            by_product.setdefault(member.product_label, []).append(member)
+        mixed = len(by_product) > 1
+        for product, same in sorted(by_product.items()):
+            first = same[0]
+            gpu = catalog.lookup(product, first.memory_mib)
+            # A pool with several GPU products is several pools: a pod pinned to the pool
+            # label alone would land on either product, depending on the scheduler.
+            pool_name = f"{name}-{_slug(product)}" if mixed else name
+            if gpu is None:
+                unknown.append(UnknownGpuPool(pool_name, product, len(same)))
+                continue
+            pools.append(_pool(pool_name, name, gpu, same, pin_product=mixed))
     return Inventory(tuple(pools), tuple(unknown))
 
 
-def _pool(name: str, gpu: GpuModel, members: list[_GpuNode]) -> NodePool:
-    ready = [m for m in members if m.ready]
+def node_fingerprint(
+    node: Mapping[str, Any], pool_labels: Sequence[str] = DEFAULT_POOL_LABELS
+) -> tuple[Any, ...] | None:
+    """What placement reads of a GPU node, pool name first; None for a node without GPUs.
+    Equal fingerprints mean a node event changed nothing kvq would decide differently."""
+    facts = _read_node(node, pool_labels, {})
+    if facts is None:
+        return None
+    status = node.get("status") or {}
+    return (
+        facts.pool,
+        facts.product_label,
+        facts.memory_mib,
+        facts.gpus,
+        facts.node.allocatable,
+        facts.node.ready,
+        facts.node.taints,
+        tuple(sorted(facts.labels.items())),
+        _quantity((status.get("capacity") or {}).get(keys.GPU_RESOURCE)),
+    )
+
+
+def gpu_pod(pod: Mapping[str, Any]) -> GpuPod | None:
+    """The GPU request of a pod bound to a node; None when it holds no GPU (or no longer)."""
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    gpus = 0
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        wanted = (resources.get("limits") or {}).get(keys.GPU_RESOURCE) or (
+            resources.get("requests") or {}
+        ).get(keys.GPU_RESOURCE)
+        gpus += _quantity(wanted)
+    if gpus == 0:
+        return None
+    meta = pod.get("metadata") or {}
+    owner = (meta.get("labels") or {}).get(keys.LABEL_INFERENCESERVICE)
+    namespace = meta.get("namespace")
+    return GpuPod(str(node), gpus, (namespace, owner) if owner and namespace else None)
+
+
+def _pool(
+    name: str, group: str, gpu: GpuModel, members: list[_NodeFacts], *, pin_product: bool
+) -> NodePool:
     first = members[0]
     if first.pool_label is not None:
         selector = {first.pool_label[0]: first.pool_label[1]}
     else:
-        selector = {keys.GFD_PRODUCT_LABEL: first.product_label}
+        selector = {first.product_key: first.product_label}
+    if pin_product:
+        selector[first.product_key] = first.product_label
     common_labels = dict(first.labels)
     for member in members[1:]:
         common_labels = {k: v for k, v in common_labels.items() if member.labels.get(k) == v}
-    taints = frozenset.intersection(*(m.taints for m in members))
+    lasting = frozenset.intersection(*(m.node.taints for m in members))
+    taints = [t for t in lasting if t.key not in TRANSIENT_TAINT_KEYS]
     return NodePool(
         name=name,
         gpu=gpu,
         gpus_per_node=max(m.gpus for m in members),
-        node_count=len(ready),
-        allocatable_gpus=sum(m.allocatable for m in ready),
+        nodes=tuple(sorted((m.node for m in members), key=lambda n: n.name)),
         node_selector=selector,
         taints=tuple(sorted(taints, key=lambda t: (t.key, t.value or "", t.effect))),
         labels=common_labels,
+        group=group,
     )
 
 
-def _read_node(node: Mapping[str, Any], pool_labels: Sequence[str]) -> _GpuNode | None:
+def _read_node(
+    node: Mapping[str, Any],
+    pool_labels: Sequence[str],
+    usage: Mapping[str, Mapping[OwnerKey | None, int]],
+) -> _NodeFacts | None:
     meta = node.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     status = node.get("status") or {}
     spec = node.get("spec") or {}
-    product, memory = _gpu_product(labels)
+    found = _gpu_product(labels)
     allocatable = _quantity((status.get("allocatable") or {}).get(keys.GPU_RESOURCE))
     capacity = _quantity((status.get("capacity") or {}).get(keys.GPU_RESOURCE))
     counted = max((_quantity(labels.get(k)) for k in _GPU_COUNT_LABELS), default=0)
     gpus = capacity or allocatable or counted
-    if product is None or gpus == 0:
+    if found is None or gpus == 0:
         return None
+    product_key, product, memory = found
     pool_label = next(((k, labels[k]) for k in pool_labels if labels.get(k)), None)
-    pool = pool_label[1] if pool_label else product.lower()
-    return _GpuNode(
-        pool=pool,
+    name = str(meta.get("name", ""))
+    return _NodeFacts(
+        pool=pool_label[1] if pool_label else product.lower(),
         pool_label=pool_label,
+        product_key=product_key,
         product_label=product,
         memory_mib=memory,
         gpus=gpus,
-        allocatable=allocatable if not spec.get("unschedulable") else 0,
-        ready=_is_ready(status) and not spec.get("unschedulable", False),
+        node=GpuNode(
+            name=name,
+            allocatable=allocatable,
+            ready=_is_ready(status) and not spec.get("unschedulable", False),
+            taints=frozenset(_taints(spec.get("taints") or [])),
+            used=dict(usage.get(name, {})),
+        ),
         labels=labels,
-        taints=frozenset(_taints(spec.get("taints") or [])),
     )
 
 
-def _gpu_product(labels: Mapping[str, str]) -> tuple[str | None, int | None]:
+def _slug(product: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", product.lower()).strip("-")
+
+
+def _gpu_product(labels: Mapping[str, str]) -> tuple[str, str, int | None] | None:
+    """(label key, product, memory MiB) from the first provider label the node has."""
     for name_key, memory_key in _GPU_NAME_LABELS:
         if labels.get(name_key):
             memory = _quantity(labels.get(memory_key)) if memory_key else 0
-            return labels[name_key], memory or None
-    return None, None
+            return name_key, labels[name_key], memory or None
+    return None
 
 
 def _is_ready(status: Mapping[str, Any]) -> bool:

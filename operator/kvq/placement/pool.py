@@ -1,7 +1,8 @@
-"""A node pool: a set of identical GPU nodes and the labels/taints that pin pods to it."""
+"""A node pool: identical GPU nodes, the labels that pin pods to them, and their free GPUs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -9,6 +10,8 @@ from kvq.api import keys
 from kvq.catalog.gpus import GpuModel
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+OwnerKey = tuple[str, str]
+"""(namespace, InferenceService name) of an engine pod."""
 
 
 @dataclass(frozen=True)
@@ -19,19 +22,51 @@ class Taint:
 
 
 @dataclass(frozen=True)
+class GpuNode:
+    """One node of a pool, as placement needs it."""
+
+    name: str
+    allocatable: int
+    """Allocatable GPUs."""
+    ready: bool
+    """Ready and not cordoned."""
+    taints: frozenset[Taint] = frozenset()
+    used: Mapping[OwnerKey | None, int] = field(default_factory=dict)
+    """GPUs requested by pods bound to the node, by owning InferenceService (None: others)."""
+
+    def free_for(self, owner: OwnerKey | None) -> int:
+        """GPUs a replica of `owner` could use: free ones plus those `owner` holds already."""
+        taken = sum(gpus for who, gpus in self.used.items() if who != owner or owner is None)
+        return max(self.allocatable - taken, 0)
+
+
+@dataclass(frozen=True)
 class NodePool:
     """Nodes of one GPU product that a replica can be scheduled onto."""
 
     name: str
     gpu: GpuModel
     gpus_per_node: int
-    node_count: int
-    allocatable_gpus: int
+    nodes: tuple[GpuNode, ...]
     node_selector: dict[str, str] = field(default_factory=dict)
     """Labels that pin a pod to this pool (and only this pool)."""
     taints: tuple[Taint, ...] = ()
+    """Taints every node carries (besides transient ones): tolerate them or stay away."""
     labels: dict[str, str] = field(default_factory=dict)
     """Labels every node of the pool carries (matched against spec.placement.nodeSelector)."""
+    group: str = ""
+    """The pool label's value; differs from `name` when the pool mixes GPU products."""
+
+    @property
+    def node_count(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def allocatable_gpus(self) -> int:
+        return sum(n.allocatable for n in self.nodes if n.ready)
+
+    def in_group(self, names: tuple[str, ...] | list[str]) -> bool:
+        return self.name in names or (bool(self.group) and self.group in names)
 
 
 def pool_for_gpu(gpu: GpuModel, gpus_per_node: int = 8) -> NodePool:
@@ -40,8 +75,7 @@ def pool_for_gpu(gpu: GpuModel, gpus_per_node: int = 8) -> NodePool:
         name=gpu.product.lower(),
         gpu=gpu,
         gpus_per_node=gpus_per_node,
-        node_count=1,
-        allocatable_gpus=gpus_per_node,
+        nodes=(GpuNode(name=f"{gpu.product.lower()}-0", allocatable=gpus_per_node, ready=True),),
         node_selector={keys.GFD_PRODUCT_LABEL: gfd_product_value(gpu)},
         taints=(Taint(key=keys.GPU_TAINT_KEY, value=None, effect="NoSchedule"),),
     )

@@ -7,14 +7,17 @@ from kvq.render.args import (
     engine_args,
     engine_command,
 )
-from kvq.render.manifests import render_manifests, spec_hash
+from kvq.render.manifests import ONE_AT_A_TIME, SURGE, Rollout, render_manifests, spec_hash
 from kvq.render.settings import EffectiveSettings, RenderError, effective_settings
 
 __all__ = [
+    "ONE_AT_A_TIME",
+    "SURGE",
     "DroppedFlag",
     "EffectiveSettings",
     "RenderError",
     "RenderedArgs",
+    "Rollout",
     "container_command",
     "effective_settings",
     "engine_args",

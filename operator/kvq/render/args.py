@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kvq.api.models import InferenceService
 from kvq.api.spec import MANAGED_FLAGS
-from kvq.catalog.engines import EngineCapability, EngineVersionError, load_engine_catalog
+from kvq.catalog.engines import EngineCapability
 from kvq.placement.pool import NodePool
 from kvq.render.model_source import ModelSource, resolve_model_source
 from kvq.render.settings import EffectiveSettings, RenderError
@@ -36,13 +36,6 @@ class RenderedArgs:
     dropped: tuple[DroppedFlag, ...]
 
 
-def engine_capability(effective: EffectiveSettings) -> EngineCapability:
-    try:
-        return load_engine_catalog().capability(effective.engine_version)
-    except EngineVersionError as error:
-        raise RenderError(str(error)) from error
-
-
 def engine_args(
     isvc: InferenceService,
     pool: NodePool,
@@ -54,7 +47,7 @@ def engine_args(
 
     `port` is for local runs (engine tests) that cannot bind 8000; pods always use 8000.
     """
-    capability = engine_capability(effective)
+    capability = effective.capability
     spec = isvc.spec
     source = resolve_model_source(effective.model_uri, _revision_for(isvc, effective))
     args: list[str] = [*_model_args(capability, source)]
@@ -122,7 +115,7 @@ def engine_command(
     port: int = ENGINE_PORT,
 ) -> list[str]:
     """The engine's full command line (launcher + arguments)."""
-    capability = engine_capability(effective)
+    capability = effective.capability
     rendered = engine_args(isvc, pool, effective, port=port)
     if capability.launcher == "serve":
         return ["vllm", "serve", *rendered.args]
@@ -158,6 +151,8 @@ def _swap_space(
     isvc: InferenceService, capability: EngineCapability, args: list[str]
 ) -> list[DroppedFlag]:
     swap = isvc.spec.memory.swap_space_gib
+    if swap is None:
+        return []  # the engine's own default (and nothing to report where it has none)
     if capability.has_flag("--swap-space"):
         args.extend(["--swap-space", _number(swap)])
         return []

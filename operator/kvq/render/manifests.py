@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
 from kvq.api import keys
 from kvq.api.models import InferenceService
+from kvq.placement.choice import GPU_TAINT_KEYS
 from kvq.placement.pool import NodePool
 from kvq.render.args import ENGINE_PORT, WRAPPER_DIR, WRAPPER_FILE, container_command
 from kvq.render.model_source import resolve_model_source
@@ -56,13 +59,36 @@ def selector_for(isvc: InferenceService) -> dict[str, str]:
     return {keys.LABEL_INFERENCESERVICE: isvc.metadata.name, keys.LABEL_NAME: keys.NAME_VALUE}
 
 
+@dataclass(frozen=True)
+class Rollout:
+    """The Deployment's rolling-update limits."""
+
+    max_surge: int
+    max_unavailable: int
+
+
+# Keep every replica serving: one new replica first (it needs a free GPU slot).
+SURGE = Rollout(max_surge=1, max_unavailable=0)
+# No free GPU for a surge replica: replace one at a time (a single replica is briefly down).
+ONE_AT_A_TIME = Rollout(max_surge=0, max_unavailable=1)
+
+
 def render_manifests(
-    isvc: InferenceService, pool: NodePool, effective: EffectiveSettings
+    isvc: InferenceService,
+    pool: NodePool,
+    effective: EffectiveSettings,
+    *,
+    rollout: Rollout = SURGE,
+    pod_annotations: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """ConfigMap, Deployment, Service (and a PodDisruptionBudget above one replica)."""
+    """ConfigMap, Deployment, Service (and a PodDisruptionBudget above one replica).
+
+    `pod_annotations` go on the pod template beside the spec hash (decide() names the
+    ladder key, rung and pool there); they are part of the hash.
+    """
     objects = [
         _evidence_configmap(isvc),
-        _deployment(isvc, pool, effective),
+        _deployment(isvc, pool, effective, rollout, pod_annotations or {}),
         _service(isvc),
     ]
     if isvc.spec.replicas > 1:
@@ -70,9 +96,13 @@ def render_manifests(
     return objects
 
 
-def spec_hash(pod_spec: dict[str, Any]) -> str:
-    """sha256 of the pod's inputs: the pod spec and the wrapper script it mounts."""
-    inputs = {"podSpec": pod_spec, "evidenceScript": evidence_script()}
+def spec_hash(pod_spec: dict[str, Any], annotations: Mapping[str, str] | None = None) -> str:
+    """sha256 of the pod's inputs: the pod spec, its annotations and the wrapper it mounts."""
+    inputs = {
+        "podSpec": pod_spec,
+        "annotations": dict(annotations or {}),
+        "evidenceScript": evidence_script(),
+    }
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -94,9 +124,15 @@ def _evidence_configmap(isvc: InferenceService) -> dict[str, Any]:
 
 
 def _deployment(
-    isvc: InferenceService, pool: NodePool, effective: EffectiveSettings
+    isvc: InferenceService,
+    pool: NodePool,
+    effective: EffectiveSettings,
+    rollout: Rollout,
+    pod_annotations: Mapping[str, str],
 ) -> dict[str, Any]:
     pod_spec = _pod_spec(isvc, pool, effective)
+    annotations = dict(sorted(pod_annotations.items()))
+    annotations[keys.ANNOTATION_SPEC_HASH] = spec_hash(pod_spec, annotations)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -104,17 +140,15 @@ def _deployment(
         "spec": {
             "replicas": isvc.spec.replicas,
             "selector": {"matchLabels": selector_for(isvc)},
-            # GPUs are scarce: a surge pod would wait for GPUs that the old pod holds, and a
-            # fallback rollout would never finish. Replace pods one at a time instead.
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+                "rollingUpdate": {
+                    "maxSurge": rollout.max_surge,
+                    "maxUnavailable": rollout.max_unavailable,
+                },
             },
             "template": {
-                "metadata": {
-                    "labels": labels_for(isvc),
-                    "annotations": {keys.ANNOTATION_SPEC_HASH: spec_hash(pod_spec)},
-                },
+                "metadata": {"labels": labels_for(isvc), "annotations": annotations},
                 "spec": pod_spec,
             },
         },
@@ -173,7 +207,7 @@ def _pod_spec(
         # vLLM reads as its own port setting and refuses.
         "enableServiceLinks": False,
         "nodeSelector": _node_selector(isvc, pool),
-        "tolerations": _tolerations(isvc, pool),
+        "tolerations": _tolerations(isvc),
         "volumes": volumes,
     }
 
@@ -212,15 +246,14 @@ def _node_selector(isvc: InferenceService, pool: NodePool) -> dict[str, str]:
     return dict(sorted(selector.items()))
 
 
-def _tolerations(isvc: InferenceService, pool: NodePool) -> list[dict[str, Any]]:
-    tolerations: list[dict[str, Any]] = []
-    for taint in pool.taints:
-        toleration: dict[str, Any] = {"key": taint.key, "effect": taint.effect}
-        if taint.value is None:
-            toleration["operator"] = "Exists"
-        else:
-            toleration.update(operator="Equal", value=taint.value)
-        tolerations.append(toleration)
+def _tolerations(isvc: InferenceService) -> list[dict[str, Any]]:
+    # The GPU taint always, whatever the pool carries today: the pod template must not
+    # change when a node gains or loses a taint (a transient one such as
+    # karpenter.sh/disrupted would otherwise roll every replica). Other taints only when
+    # the spec tolerates them.
+    tolerations: list[dict[str, Any]] = [
+        {"key": key, "operator": "Exists"} for key in sorted(GPU_TAINT_KEYS)
+    ]
     for extra in isvc.spec.placement.tolerations:
         tolerations.append(extra.model_dump(by_alias=True, exclude_none=True))
     unique = {json.dumps(t, sort_keys=True): t for t in tolerations}

@@ -6,10 +6,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kvq.api.models import InferenceService
-from kvq.catalog.engines import DEFAULT_IMAGE, EngineVersionError, parse_minor, version_from_image
+from kvq.catalog.engines import (
+    DEFAULT_IMAGE,
+    EngineCapability,
+    EngineCatalog,
+    EngineVersionError,
+    parse_minor,
+    version_from_image,
+)
 from kvq.catalog.gpus import GpuModel
 
-Rung = Literal["requested", "auto", "awq"]
+RungName = Literal["requested", "auto", "awq"]
 
 # AWQ-Marlin kernels need Ampere (8.0) or newer; older GPUs run the plain AWQ kernels.
 _MARLIN_MIN_CC = (8, 0)
@@ -32,6 +39,8 @@ class EffectiveSettings:
     """Weight quantization passed to the engine (awq_marlin / awq on the awq rung)."""
     engine_version: str
     image: str
+    capability: EngineCapability
+    """What this engine version accepts (flags, dtypes, launcher), from the catalog."""
 
 
 def awq_quantization(compute_capability: tuple[int, int]) -> str | None:
@@ -63,15 +72,21 @@ def engine_image_and_version(isvc: InferenceService) -> tuple[str, str]:
 
 
 def effective_settings(
-    isvc: InferenceService, gpu: GpuModel, rung: Rung = "requested"
+    isvc: InferenceService, gpu: GpuModel, rung: RungName = "requested", *, engines: EngineCatalog
 ) -> EffectiveSettings:
     """Settings for one rung of the ladder: as requested, `auto` KV, or AWQ weights + auto KV."""
     image, version = engine_image_and_version(isvc)
+    try:
+        capability = engines.capability(version)
+    except EngineVersionError as error:
+        raise RenderError(str(error)) from error
     spec = isvc.spec
     if rung == "requested":
-        return EffectiveSettings(spec.kv_cache.dtype, spec.model.uri, None, version, image)
+        return EffectiveSettings(
+            spec.kv_cache.dtype, spec.model.uri, None, version, image, capability
+        )
     if rung == "auto":
-        return EffectiveSettings("auto", spec.model.uri, None, version, image)
+        return EffectiveSettings("auto", spec.model.uri, None, version, image, capability)
     if spec.model.awq is None:
         raise RenderError("the awq rung needs spec.model.awq.uri")
     quantization = awq_quantization(gpu.compute_capability)
@@ -80,4 +95,4 @@ def effective_settings(
             f"AWQ kernels need compute capability 7.5 or newer; {gpu.product} has "
             f"{gpu.compute_capability_str}"
         )
-    return EffectiveSettings("auto", spec.model.awq.uri, quantization, version, image)
+    return EffectiveSettings("auto", spec.model.awq.uri, quantization, version, image, capability)

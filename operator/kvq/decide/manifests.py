@@ -1,0 +1,142 @@
+"""Step 3 of decide(): the manifests of the rung in force, rendered once.
+
+The pod template names what it runs (ladder key, rung, pool) so later failures are charged
+to the right place. The rollout keeps serving when the pool has a free GPU slot for a surge
+replica; the limits are chosen when the pods are about to change and kept otherwise, so a
+pool filling up never rewrites the Deployment by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvq.api import keys
+from kvq.api.models import API_VERSION, KIND, InferenceService
+from kvq.decide.place import RungPlacement
+from kvq.decide.types import Catalogs, Manifest
+from kvq.fallback.ladder import Rung
+from kvq.placement.choice import PoolVerdict
+from kvq.render import (
+    ONE_AT_A_TIME,
+    SURGE,
+    DroppedFlag,
+    EffectiveSettings,
+    Rollout,
+    effective_settings,
+    engine_args,
+    render_manifests,
+)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What the rung in force renders to."""
+
+    effective: EffectiveSettings
+    args: tuple[str, ...]
+    dropped: tuple[DroppedFlag, ...]
+    manifests: tuple[Manifest, ...]
+    """Namespaced and owned by the InferenceService."""
+    pod_hash: str
+
+
+def render_rung(
+    isvc: InferenceService,
+    placement: RungPlacement,
+    verdict: PoolVerdict,
+    *,
+    key: str,
+    catalogs: Catalogs,
+    deployment: Mapping[str, Any] | None,
+) -> Rendered:
+    """The objects for `placement`'s rung on the pool of `verdict` (raises RenderError)."""
+    pool = verdict.pool
+    rung: Rung = placement.rung
+    effective = effective_settings(isvc, pool.gpu, rung.value, engines=catalogs.engines)
+    rendered = engine_args(isvc, pool, effective)
+    annotations = {
+        keys.ANNOTATION_LADDER_KEY: key,
+        keys.ANNOTATION_RUNG: rung.value,
+        keys.ANNOTATION_POOL: pool.name,
+    }
+    manifests = render_manifests(isvc, pool, effective, pod_annotations=annotations)
+    pod_hash = _pod_hash(manifests)
+    rollout = _rollout(isvc, verdict, deployment, pod_hash)
+    manifests = [_with_rollout(m, rollout) for m in manifests]
+    return Rendered(
+        effective=effective,
+        args=rendered.args,
+        dropped=rendered.dropped,
+        manifests=tuple(_owned(isvc, m) for m in manifests),
+        pod_hash=pod_hash,
+    )
+
+
+def _rollout(
+    isvc: InferenceService,
+    verdict: PoolVerdict,
+    deployment: Mapping[str, Any] | None,
+    pod_hash: str,
+) -> Rollout:
+    asked = isvc.spec.rollout
+    if asked is not None and (asked.max_surge is not None or asked.max_unavailable is not None):
+        return Rollout(asked.max_surge or 0, asked.max_unavailable or 0)
+    live = _live_rollout(deployment)
+    if live is not None and _live_hash(deployment) == pod_hash:
+        return live  # the pods are not changing: keep what is there
+    # A surge replica needs a slot beyond the ones the service's replicas take.
+    return SURGE if verdict.slots > isvc.spec.replicas else ONE_AT_A_TIME
+
+
+def _live_rollout(deployment: Mapping[str, Any] | None) -> Rollout | None:
+    rolling = ((deployment or {}).get("spec") or {}).get("strategy", {}).get("rollingUpdate")
+    if not isinstance(rolling, Mapping):
+        return None
+    surge, unavailable = rolling.get("maxSurge"), rolling.get("maxUnavailable")
+    if isinstance(surge, int) and isinstance(unavailable, int):
+        return Rollout(surge, unavailable)
+    return None
+
+
+def _live_hash(deployment: Mapping[str, Any] | None) -> str | None:
+    template = ((deployment or {}).get("spec") or {}).get("template") or {}
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(keys.ANNOTATION_SPEC_HASH)
+    return str(value) if value else None
+
+
+def _with_rollout(manifest: Manifest, rollout: Rollout) -> Manifest:
+    if manifest["kind"] != "Deployment":
+        return manifest
+    strategy = {
+        "type": "RollingUpdate",
+        "rollingUpdate": {
+            "maxSurge": rollout.max_surge,
+            "maxUnavailable": rollout.max_unavailable,
+        },
+    }
+    return {**manifest, "spec": {**manifest["spec"], "strategy": strategy}}
+
+
+def _pod_hash(manifests: list[Manifest]) -> str:
+    deployment = next(m for m in manifests if m["kind"] == "Deployment")
+    return str(deployment["spec"]["template"]["metadata"]["annotations"][keys.ANNOTATION_SPEC_HASH])
+
+
+def _owned(isvc: InferenceService, manifest: Manifest) -> Manifest:
+    """The manifest with namespace and a controller ownerReference (GC deletes children)."""
+    metadata = dict(manifest["metadata"])
+    metadata["namespace"] = isvc.metadata.namespace
+    metadata["ownerReferences"] = [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": isvc.metadata.name,
+            "uid": isvc.metadata.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    return {**manifest, "metadata": metadata}

@@ -1,0 +1,88 @@
+"""Step 1 of decide(): every rung of the ladder, judged against the pools.
+
+For each rung (requested, auto, awq) the pool it would run on, whether any pool can run it
+at all, and whether that pool can run it now. The pool the service runs on is kept while it
+is compatible; it is left only once the grace period is over and another pool can run the
+rung now (placement.choice does the choosing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvq.api.models import InferenceService
+from kvq.catalog.engines import EngineCapability
+from kvq.catalog.models import ModelArchitecture
+from kvq.fallback.ladder import Rung, RungState
+from kvq.placement.choice import PoolChoice, PoolRequest, choose_pool
+from kvq.placement.discovery import Inventory
+from kvq.planner.weights import WeightFormat
+
+
+@dataclass(frozen=True)
+class RungPlacement:
+    """A rung's pool choice and what the ladder needs to know of it."""
+
+    rung: Rung
+    kv_cache_dtype: str
+    choice: PoolChoice
+    state: RungState
+
+
+def place_rungs(
+    isvc: InferenceService,
+    inventory: Inventory,
+    capability: EngineCapability,
+    arch: ModelArchitecture,
+    *,
+    current_pool: str | None,
+    leave_current: bool,
+    unschedulable: str | None = None,
+) -> dict[Rung, RungPlacement]:
+    """The requested rung and every fallback rung this spec can have.
+
+    `unschedulable`: the scheduler's word that the service's current pods do not fit on
+    the current pool (the pool cannot run it now, whatever the GPU count says).
+    """
+    spec = isvc.spec
+    meta = isvc.metadata
+    owner = (meta.namespace, meta.name) if meta.namespace else None
+    rungs: list[tuple[Rung, str, WeightFormat]] = [
+        (Rung.REQUESTED, spec.kv_cache.dtype, "bf16"),
+        (Rung.AUTO, "auto", "bf16"),
+    ]
+    if spec.model.awq is not None:
+        rungs.append((Rung.AWQ, "auto", "awq"))
+    placements: dict[Rung, RungPlacement] = {}
+    for rung, dtype, weights in rungs:
+        request = PoolRequest(
+            kv_cache_dtype=dtype,
+            weight_format=weights,
+            gpus_per_replica=spec.placement.gpus_per_replica,
+            gpu_memory_utilization=spec.memory.gpu_memory_utilization,
+            max_model_len=spec.memory.max_model_len,
+            max_num_seqs=spec.memory.max_num_seqs,
+            block_size=spec.kv_cache.block_size,
+            min_concurrency=spec.capacity.min_concurrent_sequences,
+            allowed_pools=tuple(spec.placement.pools),
+            node_selector=spec.placement.node_selector,
+            tolerations=spec.placement.tolerations,
+            prefer=spec.placement.prefer,
+            replicas=spec.replicas,
+            owner=owner,
+            current_pool=current_pool,
+            leave_current=leave_current,
+            unschedulable=unschedulable or "",
+        )
+        choice = choose_pool(request, inventory, capability, arch)
+        placements[rung] = RungPlacement(rung, dtype, choice, _state(rung, choice))
+    return placements
+
+
+def _state(rung: Rung, choice: PoolChoice) -> RungState:
+    chosen = choice.chosen
+    if choice.missing_current is not None:
+        return RungState(rung, choice.missing_current, True, False, choice.why_not_now())
+    if chosen is None:
+        return RungState(rung, None, False, False, choice.why_none())
+    return RungState(rung, chosen.pool.name, True, chosen.runnable, choice.why_not_now())

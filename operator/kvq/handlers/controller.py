@@ -1,0 +1,208 @@
+"""Event-driven reconciling: one loop per InferenceService, woken by what changed.
+
+Each InferenceService has a kopf daemon (kopf starts it when the object appears, stops it
+when the object goes or when peering pauses this replica). The daemon waits for its
+signal, then runs one reconcile in a worker thread. Signals come from watch events: the
+InferenceService itself, its pods and owned objects, and nodes or GPU pods that change a
+pool the service runs on or waits for. A slow resync (minutes) is the safety net; a
+decision that depends on time (a grace period, a back-off, metrics) asks for its own next
+pass. At most `workers` reconciles run at once, admitted in arrival order, and a failing
+service backs off alone, so one broken service cannot starve the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from kvq.api import keys
+from kvq.handlers.indices import EngineKey
+from kvq.metrics import QUEUE_WAIT_SECONDS
+from kvq.placement.discovery import GpuPod, gpu_pod, node_fingerprint
+
+log = logging.getLogger("kvq.controller")
+T = TypeVar("T")
+
+DEFAULT_RESYNC = timedelta(minutes=10)
+DEFAULT_WORKERS = 8
+# A stale view (409) is redone soon: the watch has the newer object by then.
+CONFLICT_RETRY_SECONDS = 0.5
+# Unexpected errors back off per service: 1 s, 2 s, 4 s, ... at most 5 min.
+ERROR_BACKOFF_START = 1.0
+ERROR_BACKOFF_MAX = 300.0
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What the controller needs to know after one reconcile of a service."""
+
+    recheck_after: timedelta | None = None
+    """Run again after this long even if nothing changes."""
+    pool: str | None = None
+    """The pool the service runs on (node changes there wake it)."""
+    watches_capacity: bool = False
+    """The service waits for capacity or runs a fallback it may leave: any pool's change
+    wakes it."""
+    conflict: bool = False
+    """The view was stale: run again shortly."""
+    gone: bool = False
+
+
+@dataclass
+class Controller:
+    """Signals, fan-out and the worker pool, shared by every service's daemon."""
+
+    workers: int = DEFAULT_WORKERS
+    resync: timedelta = DEFAULT_RESYNC
+    pool_labels: tuple[str, ...] = ()
+    _signals: dict[EngineKey, asyncio.Event] = field(default_factory=dict)
+    _changed_at: dict[EngineKey, float] = field(default_factory=dict)
+    _pools: dict[EngineKey, str | None] = field(default_factory=dict)
+    _watchers: set[EngineKey] = field(default_factory=set)
+    _nodes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    _gpu_pods: dict[str, GpuPod | None] = field(default_factory=dict)
+    _slots: asyncio.Semaphore | None = None
+    _threads: ThreadPoolExecutor | None = None
+
+    def start(self) -> None:
+        """Create the loop-bound parts (call from the operator's event loop)."""
+        self._slots = asyncio.Semaphore(self.workers)
+        self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="kvq-reconcile")
+
+    def stop(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+
+    # --- signals -------------------------------------------------------------------------
+
+    def notify(self, key: EngineKey) -> None:
+        """Something about `key` changed: reconcile it soon."""
+        self._changed_at.setdefault(key, time.monotonic())
+        signal = self._signals.get(key)
+        if signal is not None:
+            signal.set()
+
+    def notify_many(self, keys_: Iterable[EngineKey]) -> None:
+        for key in keys_:
+            self.notify(key)
+
+    def node_changed(self, name: str, body: Mapping[str, Any] | None) -> None:
+        """A node event: wake the services its pool matters to, if placement would notice."""
+        before = self._nodes.get(name)
+        after = node_fingerprint(body, self.pool_labels) if body is not None else None
+        if after is None:
+            self._nodes.pop(name, None)
+        else:
+            self._nodes[name] = after
+        if before == after:
+            return  # a heartbeat, an image list: nothing placement reads
+        pools = {f[0] for f in (before, after) if f is not None}
+        self.notify_many(self._interested(pools))
+
+    def pod_changed(self, uid: str, body: Mapping[str, Any] | None) -> None:
+        """A pod event: GPUs taken or freed change what fits where."""
+        before = self._gpu_pods.get(uid)
+        after = gpu_pod(body) if body is not None else None
+        if after is None:
+            self._gpu_pods.pop(uid, None)
+        else:
+            self._gpu_pods[uid] = after
+        if before == after:
+            return
+        nodes = {p.node for p in (before, after) if p is not None}
+        pools = {self._nodes[n][0] for n in nodes if n in self._nodes}
+        self.notify_many(self._interested(pools))
+
+    def _interested(self, pools: set[str]) -> set[EngineKey]:
+        placed = {
+            key
+            for key, pool in self._pools.items()
+            if pool is not None and any(pool == p or pool.startswith(f"{p}-") for p in pools)
+        }
+        return placed | self._watchers
+
+    # --- the per-service loop ------------------------------------------------------------
+
+    async def serve(
+        self,
+        key: EngineKey,
+        observe: Callable[[], T],
+        reconcile: Callable[[T], PassResult],
+    ) -> None:
+        """Reconcile `key` whenever it is signalled, until cancelled (kopf stops the daemon).
+
+        `observe` runs on the event loop (it copies the watch caches); `reconcile` runs on
+        a worker thread with what `observe` returned.
+        """
+        signal = self._signals.setdefault(key, asyncio.Event())
+        signal.set()  # the first pass at once
+        self._changed_at.setdefault(key, time.monotonic())
+        wait: float | None = None
+        backoff = ERROR_BACKOFF_START
+        try:
+            while True:
+                timeout = min(wait, self.resync.total_seconds()) if wait else None
+                timeout = timeout if timeout is not None else self.resync.total_seconds()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(signal.wait(), timeout=timeout)
+                signal.clear()
+                result = await self._run(key, observe, reconcile)
+                if result is None:
+                    wait, backoff = backoff, min(backoff * 2, ERROR_BACKOFF_MAX)
+                    continue
+                backoff = ERROR_BACKOFF_START
+                if result.gone:
+                    return
+                self._remember(key, result)
+                if result.conflict:
+                    wait = CONFLICT_RETRY_SECONDS
+                elif result.recheck_after is not None:
+                    wait = max(result.recheck_after.total_seconds(), 0.1)
+                else:
+                    wait = None
+        finally:
+            self._forget(key)
+
+    async def _run(
+        self,
+        key: EngineKey,
+        observe: Callable[[], T],
+        reconcile: Callable[[T], PassResult],
+    ) -> PassResult | None:
+        assert self._slots is not None, "Controller.start() was not called"
+        async with self._slots:
+            changed = self._changed_at.pop(key, None)
+            if changed is not None:
+                QUEUE_WAIT_SECONDS.observe(time.monotonic() - changed)
+            loop = asyncio.get_running_loop()
+            observed = observe()  # after admission: the freshest view
+            try:
+                return await loop.run_in_executor(self._threads, reconcile, observed)
+            except Exception:
+                log.exception("reconcile of %s/%s failed; retrying with a back-off", *key)
+                return None
+
+    def _remember(self, key: EngineKey, result: PassResult) -> None:
+        self._pools[key] = result.pool
+        if result.watches_capacity:
+            self._watchers.add(key)
+        else:
+            self._watchers.discard(key)
+
+    def _forget(self, key: EngineKey) -> None:
+        self._signals.pop(key, None)
+        self._changed_at.pop(key, None)
+        self._pools.pop(key, None)
+        self._watchers.discard(key)
+
+
+def owner_of(labels: Mapping[str, str], namespace: str | None) -> EngineKey | None:
+    owner = labels.get(keys.LABEL_INFERENCESERVICE)
+    return (namespace, owner) if owner and namespace else None
