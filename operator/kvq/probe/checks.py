@@ -77,9 +77,7 @@ def evaluate_checks(
         value = scores.get(requirement.score)
         threshold = requirement.threshold(baseline_scores)
         passed = (
-            None
-            if value is None or threshold is None
-            else _OPS[requirement.op](value, threshold)
+            None if value is None or threshold is None else _OPS[requirement.op](value, threshold)
         )
         checks.append(
             Check(

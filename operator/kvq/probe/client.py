@@ -20,11 +20,11 @@ DEFAULT_SEED = 1234
 CACHE_CONFIG_METRIC = "vllm:cache_config_info"
 
 
-class EngineUnreachable(Exception):
+class EngineUnreachableError(Exception):
     """The server did not answer at all (connection refused, DNS, timeout)."""
 
 
-class RequestRejected(Exception):
+class RequestRejectedError(Exception):
     """The server answered with an error for this request (e.g. the prompt is too long)."""
 
 
@@ -66,7 +66,6 @@ class EngineClient:
             api_key=self.api_key,
             timeout=self.timeout_s,
             max_retries=1,
-            http_client=httpx.Client(timeout=self.timeout_s),
         )
 
     def close(self) -> None:
@@ -79,12 +78,12 @@ class EngineClient:
             response = self._http.get("/v1/models")
             response.raise_for_status()
         except httpx.TransportError as error:
-            raise EngineUnreachable(f"{self.root}: {error}") from error
+            raise EngineUnreachableError(f"{self.root}: {error}") from error
         except httpx.HTTPStatusError as error:
-            raise RequestRejected(f"GET /v1/models: {error}") from error
+            raise RequestRejectedError(f"GET /v1/models: {error}") from error
         cards: list[dict[str, Any]] = response.json().get("data", [])
         if not cards:
-            raise RequestRejected("GET /v1/models lists no model")
+            raise RequestRejectedError("GET /v1/models lists no model")
         wanted = self.model or str(cards[0]["id"])
         card = next((c for c in cards if c.get("id") == wanted), {"id": wanted})
         self.model = wanted
@@ -96,7 +95,7 @@ class EngineClient:
         try:
             response = self._http.get("/metrics")
         except httpx.TransportError as error:
-            raise EngineUnreachable(f"{self.root}/metrics: {error}") from error
+            raise EngineUnreachableError(f"{self.root}/metrics: {error}") from error
         if response.status_code != httpx.codes.OK:
             return {}
         for family in text_string_to_metric_families(response.text):
@@ -121,9 +120,9 @@ class EngineClient:
                 logprobs=1 if logprobs else None,
             )
         except (openai.APIConnectionError, openai.APITimeoutError) as error:
-            raise EngineUnreachable(f"{self.root}: {error}") from error
+            raise EngineUnreachableError(f"{self.root}: {error}") from error
         except openai.APIStatusError as error:
-            raise RequestRejected(f"HTTP {error.status_code}: {error.message}") from error
+            raise RequestRejectedError(f"HTTP {error.status_code}: {error.message}") from error
         choice = response.choices[0]
         tokens: tuple[str, ...] = ()
         token_logprobs: tuple[float, ...] = ()

@@ -6,12 +6,13 @@ the probe Job never draw.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from kvq.probe.report import ProbeReport
 
 
-class PlotUnavailable(RuntimeError):
+class PlotUnavailableError(RuntimeError):
     """matplotlib is not installed."""
 
 
@@ -35,7 +36,7 @@ def write_heatmap(report: ProbeReport, path: Path) -> Path:
         matplotlib.use("Agg")  # files only; never a display
         import matplotlib.pyplot as plt
     except ImportError as error:
-        raise PlotUnavailable("-o png needs matplotlib: pip install 'kvq[png]'") from error
+        raise PlotUnavailableError("-o png needs matplotlib: pip install 'kvq[png]'") from error
 
     depths, lengths, grid = accuracy_grid(report)
     if not grid:
@@ -51,7 +52,7 @@ def write_heatmap(report: ProbeReport, path: Path) -> Path:
     axes.set_title(f"{report.engine.model or 'model'}: needle retrieval, KV cache {dtype}")
     for row, values in enumerate(grid):
         for column, value in enumerate(values):
-            if value == value:  # not NaN
+            if not math.isnan(value):
                 axes.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=8)
     figure.colorbar(image, ax=axes, label="exact retrieval")
     figure.tight_layout()

@@ -21,8 +21,8 @@ from kvq.probe.client import (
     DEFAULT_SEED,
     Completion,
     EngineClient,
-    EngineUnreachable,
-    RequestRejected,
+    EngineUnreachableError,
+    RequestRejectedError,
 )
 from kvq.probe.report import (
     AgreementResult,
@@ -45,8 +45,8 @@ NEEDLE_MAX_TOKENS = 8
 JSON_MAX_TOKENS = 96
 # Used when the server does not say its max_model_len and --max-context is not given.
 FALLBACK_MAX_CONTEXT = 4096
-# Calibration haystacks (filler sentences): tokens = base + per_sentence x sentences.
-CALIBRATION_SENTENCES = (2, 16)
+# Calibration haystacks (filler characters): tokens = base + per_char x characters.
+CALIBRATION_CHARS = (100, 1000)
 # Seeds of the suites' cases, offsets from the run's seed.
 _NEEDLE_SEED, _JSON_SEED, _REPETITION_SEED = 1_000_000, 2_000_000, 3_000_000
 
@@ -105,11 +105,17 @@ class ProgressSink:
 
 @dataclass(frozen=True)
 class Calibration:
-    base_tokens: float
-    tokens_per_sentence: float
+    """Prompt tokens as a line in prompt characters, for this server's tokenizer."""
 
-    def sentences_for(self, tokens: int) -> int:
-        return max(1, math.floor((tokens - self.base_tokens) / self.tokens_per_sentence))
+    base_tokens: float
+    tokens_per_char: float
+    # Characters of a haystack that are not filler: the facts and the question.
+    other_chars: float
+
+    def filler_chars_for(self, tokens: int) -> int:
+        """Filler characters that make a prompt of about `tokens` tokens."""
+        prompt_chars = (tokens - self.base_tokens) / self.tokens_per_char
+        return max(1, math.floor(prompt_chars - self.other_chars))
 
 
 def run_probe(options: ProbeOptions, progress: ProgressSink | None = None) -> ProbeReport:
@@ -143,11 +149,9 @@ def _run(
     try:
         engine = describe_engine(candidate)
         baseline_info = describe_engine(baseline) if baseline is not None else None
-        if baseline is not None:
-            baseline.model = baseline_info.model if baseline_info else None
         max_context = options.max_context or engine.max_model_len or FALLBACK_MAX_CONTEXT
         items = plan_items(options, candidate, max_context)
-    except (EngineUnreachable, RequestRejected) as error:
+    except (EngineUnreachableError, RequestRejectedError) as error:
         return _unanswered(options, candidate.url, str(error), time.monotonic() - started)
 
     progress.start(len(items) * (2 if baseline is not None else 1))
@@ -166,11 +170,11 @@ def _run(
                     store.by_item[index] = client.complete(
                         item.prompt, item.max_tokens, logprobs=logprobs
                     )
-                except RequestRejected as error:
+                except RequestRejectedError as error:
                     store.by_item[index] = str(error)
                     errors.append(f"{item.suite}: {error}")
                 progress.advance(item.suite)
-        except EngineUnreachable as error:
+        except EngineUnreachableError as error:
             problem = f"the engine stopped answering: {error}"
             break
 
@@ -216,9 +220,7 @@ def _unanswered(options: ProbeOptions, url: str, problem: str, elapsed: float) -
     )
 
 
-def describe_engine(client: EngineClient | None) -> EngineInfo | None:
-    if client is None:
-        return None
+def describe_engine(client: EngineClient) -> EngineInfo:
     served = client.served_model()
     labels = client.cache_config()
     cache = (
@@ -255,14 +257,13 @@ def needle_lengths(options: ProbeOptions, max_context: int) -> list[int]:
 
 
 def calibrate(client: EngineClient, seed: int) -> Calibration:
-    """Tokens per filler sentence, measured with this server's tokenizer (usage counts)."""
-    few, many = CALIBRATION_SENTENCES
-    counts = [
-        client.complete(tasks.needle_case(seed, n, 0.5).prompt, 1, logprobs=False).prompt_tokens
-        for n in (few, many)
-    ]
-    per_sentence = max(1.0, (counts[1] - counts[0]) / (many - few))
-    return Calibration(counts[0] - per_sentence * few, per_sentence)
+    """Tokens per filler character, measured with this server's tokenizer (usage counts)."""
+    cases = [tasks.needle_case(seed, n, 0.5) for n in CALIBRATION_CHARS]
+    counts = [client.complete(c.prompt, 1, logprobs=False).prompt_tokens for c in cases]
+    chars = [len(c.prompt) for c in cases]
+    per_char = max(1e-3, (counts[1] - counts[0]) / (chars[1] - chars[0]))
+    other = statistics.fmean(len(c.prompt) - c.filler_chars for c in cases)
+    return Calibration(counts[0] - per_char * chars[0], per_char, other)
 
 
 def plan_items(options: ProbeOptions, client: EngineClient, max_context: int) -> list[Item]:
@@ -271,11 +272,11 @@ def plan_items(options: ProbeOptions, client: EngineClient, max_context: int) ->
     if "needle" in wanted:
         calibration = calibrate(client, options.seed + _NEEDLE_SEED)
         for length in needle_lengths(options, max_context):
-            sentences = calibration.sentences_for(length)
+            chars = calibration.filler_chars_for(length)
             for depth_index, depth in enumerate(options.needle_depths):
                 for trial in range(options.needle_trials):
                     seed = options.seed + _NEEDLE_SEED + length * 1000 + depth_index * 10 + trial
-                    case = tasks.needle_case(seed, sentences, depth)
+                    case = tasks.needle_case(seed, chars, depth)
                     items.append(Item("needle", case.prompt, NEEDLE_MAX_TOKENS, case, length))
     if "json" in wanted:
         for i in range(options.json_cases):
@@ -323,9 +324,7 @@ def _score_needle(items: list[Item], indexes: list[int], answers: Answers) -> Ne
     for (depth, length), members in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         completions = [(i, answers.completion(i)) for i in members]
         done = [(i, c) for i, c in completions if c is not None]
-        cell_hits = sum(
-            scoring.needle_retrieved(c.text, _needle(items[i]).value) for i, c in done
-        )
+        cell_hits = sum(scoring.needle_retrieved(c.text, _needle(items[i]).value) for i, c in done)
         errors = sum(1 for i in members if isinstance(answers.by_item.get(i), str))
         if not done:
             continue
@@ -447,4 +446,3 @@ def flat_scores(suites: Suites) -> dict[str, float]:
 
 def _first(values: Sequence[str], n: int) -> list[str]:
     return list(values[:n])
-

@@ -93,30 +93,44 @@ class NeedleCase:
     key: str
     value: str
     depth: float
-    filler_sentences: int
+    # Characters of filler in the prompt (the facts and the question come on top).
+    filler_chars: int
+
+
+def filler_of_length(rng: random.Random, chars: int) -> list[str]:
+    """Filler sentences, at least one, until they hold about `chars` characters."""
+    sentences = [filler_sentence(rng)]
+    total = len(sentences[0])
+    while total < chars:
+        sentences.append(filler_sentence(rng))
+        total += len(sentences[-1]) + 1
+    return sentences
 
 
 def needle_case(
-    seed: int, filler_sentences: int, depth: float, distractors: int = NEEDLE_DISTRACTORS
+    seed: int, filler_chars: int, depth: float, distractors: int = NEEDLE_DISTRACTORS
 ) -> NeedleCase:
-    """A haystack of `filler_sentences` sentences with the fact at `depth` (0..1).
+    """A haystack of about `filler_chars` characters of filler, the fact at `depth` (0..1).
 
-    Distractor facts (other keys, other values) sit at random other places, so the
-    answer needs the right key, not the only number in sight.
+    Sized in characters, not sentences: a server's token count follows characters
+    closely, so a length in tokens maps to one in characters (see the runner's
+    calibration). Distractor facts (other keys, other values) sit at random other
+    places, so the answer needs the right key, not the only number in sight.
     """
     rng = random.Random(seed)
     keys = rng.sample(NEEDLE_KEYS, distractors + 1)
     key, value = keys[0], needle_value(rng)
-    sentences = filler(rng, filler_sentences)
-    at = round(depth * filler_sentences)
-    facts: list[tuple[int, str]] = [(at, needle_fact(key, value))]
+    sentences = filler_of_length(rng, filler_chars)
+    count = len(sentences)
+    filler_total = sum(map(len, sentences)) + count - 1
+    facts: list[tuple[int, str]] = [(round(depth * count), needle_fact(key, value))]
     for other in keys[1:]:
-        facts.append((rng.randrange(filler_sentences + 1), needle_fact(other, needle_value(rng))))
+        facts.append((rng.randrange(count + 1), needle_fact(other, needle_value(rng))))
     # Insert from the back so earlier positions stay valid; the needle wins ties (first).
     for position, fact in sorted(facts, key=lambda item: item[0], reverse=True):
         sentences.insert(position, fact)
     prompt = " ".join(sentences) + needle_question(key)
-    return NeedleCase(prompt, key, value, depth, filler_sentences)
+    return NeedleCase(prompt, key, value, depth, filler_total)
 
 
 # JSON records: (field, JSON type, values to draw from).
