@@ -5,8 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from kvq.api.models import InferenceService
+from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import GpuModel, load_gpu_catalog
 from kvq.placement.pool import NodePool, pool_for_gpu
+from kvq.render import EffectiveSettings, effective_settings
+
+ENGINES = load_engine_catalog()
 
 
 def isvc(name: str = "llama", namespace: str | None = "team-a", **spec: Any) -> InferenceService:
@@ -27,3 +31,8 @@ def gpu(product: str) -> GpuModel:
 
 def pool(product: str, gpus_per_node: int = 8) -> NodePool:
     return pool_for_gpu(gpu(product), gpus_per_node)
+
+
+def settings(service: InferenceService, product: str, rung: str = "requested") -> EffectiveSettings:
+    """The effective settings of a rung on a GPU, with kvq's engine catalog."""
+    return effective_settings(service, gpu(product), rung, engines=ENGINES)  # type: ignore[arg-type]

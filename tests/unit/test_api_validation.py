@@ -79,7 +79,7 @@ def test_minimal_service_gets_documented_defaults() -> None:
     spec = isvc.spec
     assert spec.kv_cache.dtype == "auto"
     assert spec.memory.gpu_memory_utilization == 0.90
-    assert spec.memory.swap_space_gib == 4
+    assert spec.memory.swap_space_gib is None  # the engine's own default
     assert spec.placement.gpus_per_replica == 1
     assert spec.fallback.enabled is True
     assert spec.fallback.rungs == ["auto"]

@@ -58,7 +58,14 @@ def test_crd_shape_for_kubectl() -> None:
     assert names["shortNames"] == ["kis"]
     assert names["categories"] == ["kvq"]
     [version] = crd["spec"]["versions"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == ["Model", "Requested", "Effective", "Pool", "Ready", "Age"]
     conditions = openapi_schema()["properties"]["status"]["properties"]["conditions"]

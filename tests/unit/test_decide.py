@@ -13,8 +13,10 @@ from kvq.api.models import InferenceService
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
-from kvq.decide import Catalogs, Plan, Snapshot, decide
+from kvq.decide import Catalogs, OperatorConfig, Plan, Snapshot, decide
 from kvq.devcluster.profiles import load_profile, node_manifests
+from kvq.fallback.ladder import LadderPolicy
+from kvq.placement.discovery import GpuPod
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures/vllm"
@@ -55,16 +57,21 @@ def snapshot(
     deployment: dict[str, Any] | None = None,
     owned: list[dict[str, Any]] | None = None,
     profile: str = "hetero",
+    node_list: list[dict[str, Any]] | None = None,
+    gpu_pods: list[GpuPod] | None = None,
     now: datetime = T0,
+    policy: LadderPolicy | None = None,
 ) -> Snapshot:
     return Snapshot(
         isvc=InferenceService.model_validate(body),
-        nodes=nodes(profile),
+        nodes=node_list if node_list is not None else nodes(profile),
         pods=pods or [],
+        gpu_pods=gpu_pods or [],
         deployment=deployment,
         now=now,
         catalogs=CATALOGS,
         owned=owned or [],
+        config=OperatorConfig(ladder=policy or LadderPolicy()),
     )
 
 
@@ -78,7 +85,9 @@ def deployment_of(plan: Plan) -> dict[str, Any]:
     return next(o for o in plan.apply if o["kind"] == "Deployment")
 
 
-def crashing_pod(plan: Plan, message: str, *, name: str = "llama-abc") -> dict[str, Any]:
+def crashing_pod(
+    plan: Plan, message: str, *, name: str = "llama-abc", finished: str = "2026-11-30T12:00:50Z"
+) -> dict[str, Any]:
     template = deployment_of(plan)["spec"]["template"]
     return {
         "metadata": {"name": name, "annotations": template["metadata"]["annotations"]},
@@ -96,7 +105,7 @@ def crashing_pod(plan: Plan, message: str, *, name: str = "llama-abc") -> dict[s
                             "reason": "Error",
                             "message": message,
                             "startedAt": "2026-11-30T12:00:05Z",
-                            "finishedAt": "2026-11-30T12:00:50Z",
+                            "finishedAt": finished,
                         }
                     },
                 }
@@ -107,6 +116,32 @@ def crashing_pod(plan: Plan, message: str, *, name: str = "llama-abc") -> dict[s
 
 def conditions(plan: Plan) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in plan.status["conditions"]}
+
+
+def message(plan: Plan, type_: str) -> str:
+    return str(next(c for c in plan.status["conditions"] if c["type"] == type_)["message"])
+
+
+def rolled_out(plan: Plan, replicas: int = 1) -> dict[str, Any]:
+    """The live Deployment once the plan's rendering runs everywhere."""
+    live = copy.deepcopy(deployment_of(plan))
+    live["metadata"]["generation"] = 1
+    live["status"] = {
+        "observedGeneration": 1,
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": replicas,
+        "availableReplicas": replicas,
+    }
+    return live
+
+
+def attempts(plan: Plan) -> list[dict[str, Any]]:
+    return list(plan.status["fallback"]["attempts"])
+
+
+def pool_nodes(pool_label_value: str, profile: str = "hetero") -> list[dict[str, Any]]:
+    return [n for n in nodes(profile) if pool_label_value in n["metadata"]["labels"].values()]
 
 
 def test_fp8_lands_on_the_cheapest_fp8_pool_that_holds_the_capacity() -> None:
@@ -128,7 +163,7 @@ def test_fp8_lands_on_the_cheapest_fp8_pool_that_holds_the_capacity() -> None:
             True,
         )
     # Engines from vLLM 0.18 have no swap space: the default 4 GiB is reported, not rendered.
-    assert [e.reason for e in plan.events] == ["Placed", "SettingIgnored"]
+    assert [e.reason for e in plan.events] == ["Placed"]
 
 
 def test_without_a_capacity_need_the_cheapest_fp8_pool_wins() -> None:
@@ -157,16 +192,20 @@ def test_fp8_allowed_only_on_t4_falls_back_statically_to_awq() -> None:
         fallback={"rungs": ["auto", "awq"]},
     )
     plan = decide(snapshot(body))
-    [attempt] = plan.status["fallback"]["attempts"]
-    assert (attempt["from"], attempt["to"], attempt["static"]) == ("requested", "awq", True)
+    [attempt] = attempts(plan)
+    assert (attempt["from"], attempt["to"], attempt["cause"]) == (
+        "requested",
+        "awq",
+        "Incompatible",
+    )
     assert "Turing" in attempt["reason"]
     assert plan.status["fallback"]["activeRung"] == "awq"
     assert plan.status["effective"]["modelUri"] == "hf://org/llama3-awq"
     assert plan.status["effective"]["quantization"] == "awq"
-    assert conditions(plan)["FallbackActive"] == ("True", "StaticFallback")
+    assert conditions(plan)["FallbackActive"] == ("True", "IncompatibleFallback")
     assert "FallbackStatic" in [e.reason for e in plan.events]
     again = decide(snapshot(with_status(body, plan)))
-    assert len(again.status["fallback"]["attempts"]) == 1
+    assert len(attempts(again)) == 1
     assert again.events == ()
 
 
@@ -175,16 +214,17 @@ def test_runtime_dtype_rejection_moves_to_auto_once_and_records_the_evidence() -
     first = decide(snapshot(body))
     crash = crashing_pod(first, HEAD80_CRASH)
     second = decide(snapshot(with_status(body, first), pods=[crash]))
-    [attempt] = second.status["fallback"]["attempts"]
-    assert (attempt["from"], attempt["to"], attempt["static"]) == ("requested", "auto", False)
+    [attempt] = attempts(second)
+    assert (attempt["from"], attempt["to"], attempt["cause"]) == ("requested", "auto", "Refused")
+    assert attempt["pool"] == first.status["placement"]["pool"]
     assert "head_size divisible by 32" in attempt["evidence"]
     assert second.status["effective"]["kvCacheDtype"] == "auto"
     assert deployment_of(second) != deployment_of(first)
-    assert conditions(second)["FallbackActive"] == ("True", "RuntimeFallback")
+    assert conditions(second)["FallbackActive"] == ("True", "RefusedFallback")
     assert "FallbackRuntime" in [e.reason for e in second.events]
     # The old pod keeps crashing while it is replaced: that is no new evidence.
     third = decide(snapshot(with_status(body, second), pods=[crash]))
-    assert len(third.status["fallback"]["attempts"]) == 1
+    assert len(attempts(third)) == 1
     assert third.events == ()
 
 
@@ -193,8 +233,9 @@ def test_a_crash_under_auto_is_not_a_dtype_problem() -> None:
     first = decide(snapshot(body))
     crash = crashing_pod(first, "engine exited with code 1\nRuntimeError: something else broke")
     second = decide(snapshot(with_status(body, first), pods=[crash]))
-    assert second.status["fallback"]["attempts"] == []
-    assert conditions(second)["Degraded"][0] == "True"
+    assert attempts(second) == []
+    assert conditions(second)["Degraded"] == ("True", "Unknown")
+    assert conditions(second)["Stalled"] == ("True", "Unknown")
 
 
 def test_oom_killed_is_degraded_without_fallback() -> None:
@@ -204,46 +245,98 @@ def test_oom_killed_is_degraded_without_fallback() -> None:
     pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["reason"] = "OOMKilled"
     pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] = 137
     second = decide(snapshot(with_status(body, first), pods=[pod]))
-    assert second.status["fallback"]["attempts"] == []
+    assert attempts(second) == []
     assert conditions(second)["Degraded"] == ("True", "OOMKilled")
+    assert "memory limit" in message(second, "Degraded")
     assert second.apply == first.apply
 
 
-def test_fallback_disabled_reports_and_changes_nothing() -> None:
-    body = isvc(fallback={"enabled": False})
+@pytest.mark.parametrize(
+    ("text", "family"),
+    [
+        ("huggingface_hub.errors.HfHubHTTPError: 503 Server Error: Service Unavailable for url: "
+         "https://huggingface.co/api/models/meta-llama/Meta-Llama-3-8B/revision/main",
+         "HubUnavailable"),
+        ("OSError: [Errno 28] No space left on device", "DiskFull"),
+        ("huggingface_hub.errors.RevisionNotFoundError: 404 Client Error. Invalid rev id: v9",
+         "RevisionNotFound"),
+        ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+         "ProcessGroupNCCL.cpp:1970, unhandled system error", "NcclError"),
+        ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "GpuHardware"),
+        ("OSError: Can't load tokenizer for 'meta-llama/Meta-Llama-3-8B'.", "TokenizerError"),
+    ],
+)  # fmt: skip
+def test_non_dtype_failures_under_fp8_never_fall_back(text: str, family: str) -> None:
+    body = isvc()
     first = decide(snapshot(body))
-    second = decide(snapshot(with_status(body, first), pods=[crashing_pod(first, HEAD80_CRASH)]))
-    assert second.status["fallback"]["attempts"] == []
+    crash = crashing_pod(first, f"engine exited with code 1\nerror lines:\n{text}")
+    second = decide(snapshot(with_status(body, first), pods=[crash]))
+    assert attempts(second) == []
     assert second.status["effective"]["kvCacheDtype"] == "fp8"
-    status, reason = conditions(second)["Degraded"]
-    assert (status, reason) == ("True", "DtypeRejected")
-    degraded = next(c for c in second.status["conditions"] if c["type"] == "Degraded")
-    assert "fallback is disabled" in degraded["message"].lower()
+    assert conditions(second)["Degraded"] == ("True", family)
+    assert second.apply == first.apply
 
 
-def test_exhausted_ladder_is_degraded_and_keeps_what_runs() -> None:
-    # fp8 holds ~110 sequences of 8k on one H100, auto ~55: for 100, auto is no rung.
-    body = isvc(capacity={"minConcurrentSequences": 100}, placement={"pools": ["gpu-h100"]})
+def test_a_transient_hub_failure_ends_on_the_requested_dtype() -> None:
+    body = isvc()
     first = decide(snapshot(body))
-    assert conditions(first)["Placed"] == ("True", "PoolChosen")
-    second = decide(snapshot(with_status(body, first), pods=[crashing_pod(first, HEAD80_CRASH)]))
-    [attempt] = second.status["fallback"]["attempts"]
-    assert attempt["to"] == "none"
-    assert conditions(second)["Degraded"] == ("True", "FallbackExhausted")
-    assert second.apply == ()
-    assert second.delete == ()
-    assert [e.reason for e in second.events] == ["FallbackExhausted"]
+    crash = crashing_pod(first, "huggingface_hub.errors.HfHubHTTPError: 503 Server Error")
+    failing = decide(snapshot(with_status(body, first), pods=[crash]))
+    assert conditions(failing)["Reconciling"] == ("True", "HubUnavailable")
+    assert conditions(failing)["Stalled"][0] == "False"
+    # The kubelet restarts it; this time the download works and the replica is ready.
+    healthy = decide(snapshot(with_status(body, failing), deployment=rolled_out(failing)))
+    assert conditions(healthy)["Ready"] == ("True", "Available")
+    assert conditions(healthy)["Degraded"] == ("False", "Healthy")
+    assert attempts(healthy) == []
+    assert healthy.status["effective"]["kvCacheDtype"] == "fp8"
 
 
-def test_no_pool_names_what_is_missing() -> None:
-    plan = decide(snapshot(isvc(), profile="legacy"))
-    assert conditions(plan)["Placed"][0] == "False"
-    placed = next(c for c in plan.status["conditions"] if c["type"] == "Placed")
-    assert "fallback" in placed["message"].lower() or "no pool fits" in placed["message"]
-    assert plan.apply == ()
+def test_an_unknown_crash_falls_back_only_once_it_repeats_then_is_retried() -> None:
+    body = isvc()
+    plan = decide(snapshot(body))
+    unknown = "engine exited with code 1\ntorch._dynamo.exc.Unsupported: assertion failed"
+    for restart in range(1, 3):
+        pod = crashing_pod(plan, unknown, finished=f"2026-11-30T12:0{restart}:00Z")
+        plan = decide(snapshot(with_status(body, plan), pods=[pod]))
+        assert attempts(plan) == [], restart
+        assert plan.status["fallback"]["tally"]["count"] == restart
+        assert conditions(plan)["Degraded"] == ("True", "DtypeSuspect")
+    # The same crash a third time: suspect fallback, to be retried after an hour.
+    pod = crashing_pod(plan, unknown, finished="2026-11-30T12:03:00Z")
+    suspect = decide(snapshot(with_status(body, plan), pods=[pod]))
+    [move] = attempts(suspect)
+    assert (move["cause"], move["to"], move["retryAfter"]) == (
+        "Suspect",
+        "auto",
+        "2026-11-30T13:00:00Z",
+    )
+    assert suspect.recheck_after == timedelta(hours=1)
+    assert suspect.status["effective"]["kvCacheDtype"] == "auto"
+    # An hour later the requested dtype is tried again.
+    later = decide(snapshot(with_status(body, suspect), now=T0 + timedelta(hours=1, minutes=1)))
+    assert [a["cause"] for a in attempts(later)] == ["Suspect", "Retry"]
+    assert later.status["effective"]["kvCacheDtype"] == "fp8"
 
 
-def test_a_spec_change_starts_the_ladder_afresh() -> None:
+def test_replicas_labels_and_annotations_neither_reset_the_ladder_nor_restart_pods() -> None:
+    body = isvc()
+    first = decide(snapshot(body))
+    fallen = decide(snapshot(with_status(body, first), pods=[crashing_pod(first, HEAD80_CRASH)]))
+    edited = with_status(body, fallen)
+    edited["metadata"]["generation"] = 2
+    edited["spec"]["replicas"] = 3
+    edited["metadata"]["labels"] = {"team": "search"}
+    edited["metadata"]["annotations"] = {"note": "scaled for the launch"}
+    after = decide(snapshot(edited))
+    assert after.status["effective"]["kvCacheDtype"] == "auto"
+    assert len(attempts(after)) == 1
+    template = deployment_of(after)["spec"]["template"]
+    assert template == deployment_of(fallen)["spec"]["template"]
+    assert deployment_of(after)["spec"]["replicas"] == 3
+
+
+def test_a_change_of_what_decides_the_dtype_starts_the_ladder_afresh() -> None:
     body = isvc()
     first = decide(snapshot(body))
     second = decide(snapshot(with_status(body, first), pods=[crashing_pod(first, HEAD80_CRASH)]))
@@ -253,30 +346,75 @@ def test_a_spec_change_starts_the_ladder_afresh() -> None:
     third = decide(snapshot(changed))
     assert third.status["effective"]["kvCacheDtype"] == "fp8"
     assert conditions(third)["FallbackActive"] == ("False", "AsRequested")
-    assert len(third.status["fallback"]["attempts"]) == 1  # history kept, not in force
+    assert len(attempts(third)) == 1  # history kept, not in force
 
 
-def test_ready_follows_the_live_deployment_of_the_current_spec() -> None:
+def test_a_retry_by_hand_tries_the_requested_dtype_again() -> None:
+    body = isvc()
+    first = decide(snapshot(body))
+    fallen = decide(snapshot(with_status(body, first), pods=[crashing_pod(first, HEAD80_CRASH)]))
+    asked = with_status(body, fallen)
+    asked["metadata"]["annotations"] = {"kvq.dev/retry-requested": "2026-11-30"}
+    retried = decide(snapshot(asked, now=T0 + timedelta(minutes=10)))
+    assert retried.status["effective"]["kvCacheDtype"] == "fp8"
+    assert attempts(retried)[-1]["cause"] == "Retry"
+    assert retried.status["fallback"]["retryToken"] == "2026-11-30"
+    # The same annotation later is not a new request.
+    again = decide(snapshot(with_status(asked, retried), now=T0 + timedelta(minutes=20)))
+    assert len(attempts(again)) == len(attempts(retried))
+
+
+def test_fallback_disabled_reports_and_changes_nothing() -> None:
+    body = isvc(fallback={"enabled": False})
+    first = decide(snapshot(body))
+    second = decide(snapshot(with_status(body, first), pods=[crashing_pod(first, HEAD80_CRASH)]))
+    assert attempts(second) == []
+    assert second.status["effective"]["kvCacheDtype"] == "fp8"
+    assert conditions(second)["Degraded"] == ("True", "DtypeRejected")
+    assert conditions(second)["Stalled"] == ("True", "DtypeRejected")
+    assert "fallback is disabled" in message(second, "Degraded").lower()
+
+
+def test_exhausted_ladder_is_degraded_stalled_and_keeps_what_runs() -> None:
+    # fp8 holds ~110 sequences of 8k on one H100, auto ~55: for 100, auto is no rung.
+    body = isvc(capacity={"minConcurrentSequences": 100}, placement={"pools": ["gpu-h100"]})
+    first = decide(snapshot(body))
+    assert conditions(first)["Placed"] == ("True", "PoolChosen")
+    second = decide(snapshot(with_status(body, first), pods=[crashing_pod(first, HEAD80_CRASH)]))
+    [attempt] = attempts(second)
+    assert attempt["to"] == "none"
+    assert conditions(second)["Degraded"] == ("True", "FallbackExhausted")
+    assert conditions(second)["Stalled"] == ("True", "FallbackExhausted")
+    assert second.apply == ()
+    assert second.delete == ()
+    assert [e.reason for e in second.events] == ["FallbackExhausted"]
+
+
+def test_no_pool_names_what_is_missing() -> None:
+    plan = decide(snapshot(isvc(), profile="legacy"))
+    assert conditions(plan)["Placed"][0] == "False"
+    assert "no pool fits" in message(plan, "Placed")
+
+
+def test_ready_follows_the_live_deployment_and_settles_kstatus() -> None:
     body = isvc()
     plan = decide(snapshot(body))
-    live = copy.deepcopy(deployment_of(plan))
-    live["metadata"]["generation"] = 1
-    live["status"] = {
-        "observedGeneration": 1,
-        "replicas": 1,
-        "updatedReplicas": 1,
-        "readyReplicas": 1,
-        "availableReplicas": 1,
-    }
-    ready = decide(snapshot(with_status(body, plan), deployment=live))
+    assert conditions(plan)["Reconciling"] == ("True", "Progressing")
+    assert conditions(plan)["Stalled"] == ("False", "Progressing")
+    ready = decide(snapshot(with_status(body, plan), deployment=rolled_out(plan)))
     assert conditions(ready)["Ready"] == ("True", "Available")
+    assert conditions(ready)["Reconciling"] == ("False", "Settled")
     assert ready.status["readyReplicas"] == 1
+    assert ready.status["selector"] == (
+        "app.kubernetes.io/name=vllm,kvq.dev/inferenceservice=llama"
+    )
     assert [e.reason for e in ready.events] == ["Ready"]
 
 
-def test_unknown_engine_version_is_a_condition_not_a_crash() -> None:
+def test_unknown_engine_version_is_stalled_not_a_crash() -> None:
     plan = decide(snapshot(isvc(engine={"image": "vllm/vllm-openai:v0.4.0"})))
     assert conditions(plan)["Placed"] == ("False", "EngineUnsupported")
+    assert conditions(plan)["Stalled"] == ("True", "EngineUnsupported")
     assert plan.apply == ()
 
 
@@ -291,8 +429,147 @@ def test_objects_kvq_no_longer_renders_are_pruned() -> None:
     assert [(r.kind, r.name) for r in plan.delete] == [("PodDisruptionBudget", "llama")]
 
 
-def test_swap_space_on_an_engine_without_it_is_reported_as_ignored() -> None:
+def test_swap_space_is_reported_only_when_someone_set_it() -> None:
     plan = decide(snapshot(isvc(memory={"maxModelLen": 8192, "swapSpaceGiB": 8})))
     [ignored] = plan.status["effective"]["ignored"]
     assert ignored["field"] == "spec.memory.swapSpaceGiB"
     assert "SettingIgnored" in [e.reason for e in plan.events]
+    default = decide(snapshot(isvc()))
+    assert default.status["effective"].get("ignored", []) == []
+    assert "SettingIgnored" not in [e.reason for e in default.events]
+
+
+# --- placement that holds still ---------------------------------------------------------
+
+
+def _h100_only() -> dict[str, Any]:
+    return isvc(placement={"pools": ["gpu-h100", "gpu-h200"]})
+
+
+def _not_ready(node_list: list[dict[str, Any]], pool: str) -> list[dict[str, Any]]:
+    out = copy.deepcopy(node_list)
+    for node in out:
+        if pool in node["metadata"]["labels"].values():
+            node["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    return out
+
+
+def test_a_pool_blip_neither_moves_nor_restarts_within_the_grace_period() -> None:
+    body = _h100_only()
+    placed = decide(snapshot(body))
+    assert placed.status["placement"]["pool"] == "gpu-h100"
+    running = with_status(body, placed)
+    blip = _not_ready(nodes(), "gpu-h100")
+    waiting = decide(snapshot(running, node_list=blip, deployment=rolled_out(placed)))
+    assert conditions(waiting)["Placed"] == ("False", "WaitingForCapacity")
+    assert waiting.status["placement"]["pool"] == "gpu-h100"
+    assert deployment_of(waiting) == deployment_of(placed)
+    assert attempts(waiting) == []
+    assert waiting.recheck_after == timedelta(minutes=5)
+    # The node comes back within the grace period: placed again, nothing changed.
+    back = decide(
+        snapshot(
+            with_status(body, waiting), deployment=rolled_out(placed), now=T0 + timedelta(minutes=1)
+        )
+    )
+    assert conditions(back)["Placed"] == ("True", "PoolChosen")
+    assert deployment_of(back) == deployment_of(placed)
+
+
+def test_a_pool_down_past_the_grace_period_is_left_for_another_that_can_run_it() -> None:
+    body = _h100_only()
+    placed = decide(snapshot(body))
+    blip = _not_ready(nodes(), "gpu-h100")
+    waiting = decide(snapshot(with_status(body, placed), node_list=blip))
+    moved = decide(
+        snapshot(with_status(body, waiting), node_list=blip, now=T0 + timedelta(minutes=6))
+    )
+    assert moved.status["placement"]["pool"] == "gpu-h200"
+    assert moved.status["effective"]["kvCacheDtype"] == "fp8"
+    assert attempts(moved) == []  # another pool, not another rung
+
+
+def test_gpus_held_by_other_pods_make_a_pool_full() -> None:
+    cheapest = decide(snapshot(isvc())).status["placement"]["pool"]
+    taken = [
+        GpuPod(node=n["metadata"]["name"], gpus=8, owner=None)
+        for n in nodes()
+        if cheapest in n["metadata"]["labels"].values()
+    ]
+    plan = decide(snapshot(isvc(), gpu_pods=taken))
+    assert plan.status["placement"]["pool"] != cheapest
+    assert conditions(plan)["Placed"] == ("True", "PoolChosen")
+
+
+def test_gpus_the_service_holds_itself_are_room_for_it() -> None:
+    body = isvc()
+    placed = decide(snapshot(body))
+    pool = placed.status["placement"]["pool"]
+    mine = [
+        GpuPod(node=n["metadata"]["name"], gpus=1, owner=("team-a", "llama"))
+        for n in nodes()
+        if pool in n["metadata"]["labels"].values()
+    ][:1]
+    again = decide(snapshot(with_status(body, placed), gpu_pods=mine))
+    assert again.status["placement"]["pool"] == pool
+    assert conditions(again)["Placed"] == ("True", "PoolChosen")
+
+
+def test_a_transient_taint_does_not_change_the_pod_template() -> None:
+    body = isvc()
+    placed = decide(snapshot(body))
+    tainted = copy.deepcopy(nodes())
+    for node in tainted:
+        node["spec"].setdefault("taints", []).append(
+            {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
+        )
+    after = decide(snapshot(with_status(body, placed), node_list=tainted))
+    template = deployment_of(after)["spec"]["template"]
+    assert template == deployment_of(placed)["spec"]["template"]
+    assert template["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+
+
+def test_a_pool_mixing_gpu_products_is_two_pools_pinned_by_product() -> None:
+    mixed = [n for n in nodes() if n["metadata"]["labels"].get("karpenter.sh/nodepool")]
+    for node in mixed:
+        node["metadata"]["labels"]["karpenter.sh/nodepool"] = "gpu-mixed"
+    forward = decide(snapshot(isvc(), node_list=mixed))
+    backward = decide(snapshot(isvc(), node_list=list(reversed(mixed))))
+    assert forward.status["placement"] == backward.status["placement"]
+    selector = deployment_of(forward)["spec"]["template"]["spec"]["nodeSelector"]
+    assert selector["karpenter.sh/nodepool"] == "gpu-mixed"
+    assert selector["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert forward.status["placement"]["pool"].startswith("gpu-mixed-")
+
+
+def test_rollouts_surge_when_the_pool_has_a_free_gpu_and_can_be_set() -> None:
+    body = _h100_only()
+    plan = decide(snapshot(body))
+    assert deployment_of(plan)["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 1,
+        "maxUnavailable": 0,
+    }
+    pool_nodes_ = [n for n in nodes() if "gpu-h100" in n["metadata"]["labels"].values()]
+    allocatable = sum(int(n["status"]["allocatable"]["nvidia.com/gpu"]) for n in pool_nodes_)
+    others = [GpuPod(node=pool_nodes_[0]["metadata"]["name"], gpus=allocatable - 1, owner=None)]
+    tight = decide(snapshot(body, gpu_pods=others))
+    assert deployment_of(tight)["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 0,
+        "maxUnavailable": 1,
+    }
+    asked = decide(snapshot(isvc(rollout={"maxSurge": 2, "maxUnavailable": 0})))
+    assert deployment_of(asked)["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 2,
+        "maxUnavailable": 0,
+    }
+
+
+def test_credentials_never_reach_status_or_events() -> None:
+    token = "hf_" + "A" * 30
+    body = isvc()
+    first = decide(snapshot(body))
+    crash = crashing_pod(first, f"OSError: 401 Client Error: Invalid user token {token} for url x")
+    second = decide(snapshot(with_status(body, first), pods=[crash]))
+    text = repr(second.status) + repr(second.events)
+    assert token not in text
+    assert "<redacted>" in text

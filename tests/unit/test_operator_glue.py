@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from datetime import UTC, datetime
 from typing import Any
@@ -14,31 +15,48 @@ from kvq.api import keys
 from kvq.api.validation import Violation
 from kvq.cli import app
 from kvq.decide.invalid import invalid_status
+from kvq.handlers.controller import Controller, PassResult
 from kvq.handlers.indices import by_inference_service
-from kvq.k8s.apply import comparable
+from kvq.k8s.apply import holds
 from kvq.k8s.status import without_nulls
 from kvq.metrics import count_event
 
 LIVE: dict[str, Any] = {
-    "apiVersion": "v1",
-    "kind": "ConfigMap",
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
     "metadata": {
         "name": "a",
         "namespace": "n",
         "uid": "u1",
         "resourceVersion": "10",
-        "generation": 1,
-        "creationTimestamp": "2026-11-30T12:00:00Z",
-        "managedFields": [{"manager": "kvq"}],
-        "labels": {"x": "1"},
+        "labels": {"x": "1", "added-by-someone": "y"},
     },
-    "data": {"k": "v"},
-    "status": {"anything": True},
+    "spec": {
+        "replicas": 1,
+        "template": {
+            "spec": {
+                "containers": [{"name": "vllm", "image": "i", "imagePullPolicy": "IfNotPresent"}],
+                "enableServiceLinks": False,
+            }
+        },
+    },
+    "status": {"replicas": 1},
+}
+DESIRED: dict[str, Any] = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "a", "namespace": "n", "labels": {"x": "1"}},
+    "spec": {
+        "replicas": 1,
+        "template": {
+            "spec": {"containers": [{"name": "vllm", "image": "i"}], "enableServiceLinks": False}
+        },
+    },
 }
 
 
-def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(LIVE)
+def _with(base: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(base)
     target = out
     for key in path[:-1]:
         target = target[key]
@@ -47,23 +65,20 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("changed", "is_change"),
+    ("desired", "holds_already"),
     [
-        (_with(("metadata", "resourceVersion"), "11"), False),
-        (_with(("metadata", "managedFields"), [{"manager": "other"}]), False),
-        (_with(("metadata", "generation"), 2), False),
-        (_with(("status",), {"anything": False}), False),
-        (_with(("metadata", "labels"), {"x": "2"}), True),
-        (_with(("metadata", "annotations"), {"a": "b"}), True),
-        (_with(("metadata", "ownerReferences"), [{"uid": "o"}]), True),
-        (_with(("data",), {"k": "w"}), True),
-        (_with(("spec",), {"replicas": 2}), True),
+        (DESIRED, True),  # defaults and other managers' fields do not count
+        (_with(DESIRED, ("spec", "replicas"), 2), False),
+        (_with(DESIRED, ("metadata", "labels"), {"x": "2"}), False),
+        (_with(DESIRED, ("spec", "template", "spec", "enableServiceLinks"), 0), False),
+        (_with(DESIRED, ("spec", "template", "spec", "containers"), []), False),
+        (_with(DESIRED, ("metadata", "annotations"), {"a": "b"}), False),
     ],
 )
-def test_only_what_a_write_can_change_counts_as_a_change(
-    changed: dict[str, Any], is_change: bool
+def test_the_cache_tells_what_an_apply_would_change(
+    desired: dict[str, Any], holds_already: bool
 ) -> None:
-    assert (comparable(changed) != comparable(LIVE)) is is_change
+    assert holds(desired, LIVE) is holds_already
 
 
 @pytest.mark.parametrize(
@@ -111,7 +126,13 @@ def test_an_invalid_spec_sets_ready_false_and_keeps_the_rest_of_status() -> None
     assert ready["reason"] == "InvalidSpec"
     assert ready["message"] == "spec.memory.gpuMemoryUtilization: must be in (0, 1]"
     assert ready["lastTransitionTime"] == "2026-11-30T12:00:00Z"
-    assert [c["type"] for c in status["conditions"]] == ["Placed", "Ready"]
+    kinds = {c["type"]: (c["status"], c.get("reason")) for c in status["conditions"]}
+    assert kinds == {
+        "Placed": ("True", None),
+        "Ready": ("False", "InvalidSpec"),
+        "Reconciling": ("False", "Stalled"),
+        "Stalled": ("True", "InvalidSpec"),
+    }
 
 
 def test_an_invalid_spec_twice_keeps_the_transition_time() -> None:
@@ -168,3 +189,72 @@ def test_run_refuses_contradictory_flags_before_starting(argv: list[str], messag
 
     assert result.exit_code == 2
     assert message in result.output
+
+
+# --- what wakes whom ------------------------------------------------------------------
+
+
+def _gpu_node(name: str, pool: str, ready: bool = True, heartbeat: str = "t0") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"karpenter.sh/nodepool": pool, "nvidia.com/gpu.product": "NVIDIA-H100"},
+        },
+        "spec": {},
+        "status": {
+            "capacity": {"nvidia.com/gpu": "8"},
+            "allocatable": {"nvidia.com/gpu": "8"},
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False",
+                 "lastHeartbeatTime": heartbeat},
+            ],
+        },
+    }  # fmt: skip
+
+
+def _woken(controller: Controller, keys_: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    events = {key: controller._signals[key] for key in keys_}
+    return {key for key, event in events.items() if event.is_set()}
+
+
+def _controller() -> tuple[Controller, list[tuple[str, str]]]:
+    controller = Controller(pool_labels=("karpenter.sh/nodepool",))
+    services = [("a", "on-h100"), ("a", "on-l4"), ("a", "waiting")]
+    for key in services:
+        controller._signals[key] = asyncio.Event()
+    controller._remember(("a", "on-h100"), PassResult(pool="gpu-h100"))
+    controller._remember(("a", "on-l4"), PassResult(pool="gpu-l4"))
+    controller._remember(("a", "waiting"), PassResult(pool=None, watches_capacity=True))
+    return controller, services
+
+
+def test_a_node_heartbeat_wakes_nobody_and_a_readiness_change_wakes_its_pool() -> None:
+    controller, services = _controller()
+    controller.node_changed("n1", _gpu_node("n1", "gpu-h100"))
+    for event in controller._signals.values():
+        event.clear()
+    controller.node_changed("n1", _gpu_node("n1", "gpu-h100", heartbeat="t1"))
+    assert _woken(controller, services) == set()
+    controller.node_changed("n1", _gpu_node("n1", "gpu-h100", ready=False))
+    assert _woken(controller, services) == {("a", "on-h100"), ("a", "waiting")}
+
+
+def test_gpus_taken_on_a_pool_wake_the_services_waiting_for_capacity() -> None:
+    controller, services = _controller()
+    controller.node_changed("n2", _gpu_node("n2", "gpu-l4"))
+    for event in controller._signals.values():
+        event.clear()
+    pod = {
+        "metadata": {"namespace": "b", "labels": {}},
+        "spec": {
+            "nodeName": "n2",
+            "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    controller.pod_changed("pod-uid", pod)
+    assert _woken(controller, services) == {("a", "on-l4"), ("a", "waiting")}
+    for event in controller._signals.values():
+        event.clear()
+    controller.pod_changed("pod-uid", pod)  # the same pod again: nothing new
+    assert _woken(controller, services) == set()

@@ -17,7 +17,7 @@ from kvq.render import (
     render_manifests,
 )
 from kvq.render.args import WRAPPER_PATH
-from tests.unit.render_cases import gpu, isvc, pool
+from tests.unit.render_cases import gpu, isvc, pool, settings
 
 H100 = "H100-SXM-80GB"
 
@@ -25,7 +25,7 @@ H100 = "H100-SXM-80GB"
 def args_for(version: str, product: str = H100, **spec: Any) -> tuple[str, ...]:
     engine = {"image": f"vllm/vllm-openai:v{version}", **spec.pop("engine", {})}
     service = isvc(engine=engine, **spec)
-    return engine_args(service, pool(product), effective_settings(service, gpu(product))).args
+    return engine_args(service, pool(product), settings(service, product)).args
 
 
 def flag_value(args: tuple[str, ...], flag: str) -> str | None:
@@ -45,9 +45,7 @@ def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def render(service: Any, product: str = H100, **pool_args: Any) -> list[dict[str, Any]]:
-    return render_manifests(
-        service, pool(product, **pool_args), effective_settings(service, gpu(product))
-    )
+    return render_manifests(service, pool(product, **pool_args), settings(service, product))
 
 
 @pytest.mark.parametrize(
@@ -62,7 +60,9 @@ def render(service: Any, product: str = H100, **pool_args: Any) -> list[dict[str
     ],
 )
 def test_flag_set_follows_the_engine_version(version: str, swap: str | None, scales: bool) -> None:
-    args = args_for(version, kvCache={"dtype": "fp8", "calculateScales": True})
+    args = args_for(
+        version, kvCache={"dtype": "fp8", "calculateScales": True}, memory={"swapSpaceGiB": 4}
+    )
     assert flag_value(args, "--swap-space") == swap
     assert ("--calculate-kv-scales" in args) is scales
     assert flag_value(args, "--kv-cache-dtype") == "fp8"
@@ -78,7 +78,7 @@ def test_dropped_flags_are_reported_with_a_reason() -> None:
         memory={"swapSpaceGiB": 8},
         engine={"image": "vllm/vllm-openai:v0.27.0"},
     )
-    rendered = engine_args(service, pool(H100), effective_settings(service, gpu(H100)))
+    rendered = engine_args(service, pool(H100), settings(service, H100))
     reasons = {d.flag: d.reason for d in rendered.dropped}
     assert reasons == {
         "--swap-space": "vLLM 0.27.0 has no --swap-space (vLLM has it from 0.8 to 0.17): "
@@ -90,15 +90,23 @@ def test_dropped_flags_are_reported_with_a_reason() -> None:
 
 def test_zero_swap_is_not_reported_as_dropped() -> None:
     service = isvc(memory={"swapSpaceGiB": 0})
-    assert engine_args(service, pool(H100), effective_settings(service, gpu(H100))).dropped == ()
+    assert engine_args(service, pool(H100), settings(service, H100)).dropped == ()
+
+
+def test_unset_swap_is_left_to_the_engine_and_never_reported() -> None:
+    for version in ("0.8.5", "0.26.0"):
+        service = isvc(engine={"image": f"vllm/vllm-openai:v{version}"})
+        rendered = engine_args(service, pool(H100), settings(service, H100))
+        assert "--swap-space" not in rendered.args
+        assert rendered.dropped == ()
 
 
 def test_calculate_scales_is_dropped_when_the_effective_dtype_is_auto() -> None:
     service = isvc(kvCache={"dtype": "fp8", "calculateScales": True})
-    effective = effective_settings(service, gpu(H100), rung="auto")
+    effective = settings(service, H100, "auto")
     rendered = engine_args(service, pool(H100), effective)
     assert "--calculate-kv-scales" not in rendered.args
-    assert [d.flag for d in rendered.dropped] == ["--swap-space", "--calculate-kv-scales"]
+    assert [d.flag for d in rendered.dropped] == ["--calculate-kv-scales"]
 
 
 @pytest.mark.parametrize(
@@ -154,7 +162,7 @@ def test_block_size_is_checked_by_version_and_backend(
 def test_extra_args_come_last() -> None:
     args = args_for("0.26.0", engine={"image": "x:v0.26.0"})
     service = isvc(engine={"image": "x:v0.26.0", "extraArgs": ["--enforce-eager", "--seed=7"]})
-    rendered = engine_args(service, pool(H100), effective_settings(service, gpu(H100))).args
+    rendered = engine_args(service, pool(H100), settings(service, H100)).args
     assert rendered == (*args, "--enforce-eager", "--seed=7")
 
 
@@ -173,7 +181,7 @@ def test_extra_args_that_fight_managed_flags_are_refused(extra: list[str]) -> No
         }
     )
     with pytest.raises(RenderError, match="which kvq renders from the spec"):
-        engine_args(service, pool(H100), effective_settings(service, gpu(H100)))
+        engine_args(service, pool(H100), settings(service, H100))
 
 
 def test_hf_model_passes_revision_and_token_by_reference() -> None:
@@ -204,7 +212,7 @@ def test_awq_rung_serves_the_awq_model_without_the_base_revision() -> None:
         fallback={"rungs": ["auto", "awq"]},
     )
     for product, quantization in (("T4", "awq"), ("A10G", "awq_marlin")):
-        effective = effective_settings(service, gpu(product), rung="awq")
+        effective = settings(service, product, "awq")
         args = engine_args(service, pool(product), effective).args
         assert flag_value(args, "--model") == "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
         assert flag_value(args, "--quantization") == quantization
@@ -241,7 +249,7 @@ def test_s3_model_is_streamed() -> None:
 
 def test_load_format_is_the_users_for_hub_models() -> None:
     service = isvc(engine={"extraArgs": ["--load-format", "dummy"]})
-    args = engine_args(service, pool(H100), effective_settings(service, gpu(H100))).args
+    args = engine_args(service, pool(H100), settings(service, H100)).args
     assert args[-2:] == ("--load-format", "dummy")
 
 
@@ -272,6 +280,7 @@ def test_pool_and_spec_placement_are_merged() -> None:
     assert pod["tolerations"] == [
         {"effect": "NoSchedule", "key": "dedicated", "operator": "Equal", "value": "ml"},
         {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"},
+        {"key": "nvidia.com/gpu", "operator": "Exists"},
     ]
 
 
@@ -281,28 +290,24 @@ def test_contradicting_node_selector_is_refused() -> None:
         render(service)
 
 
-def test_pool_taints_with_values_are_tolerated_exactly() -> None:
+def test_pool_taints_are_never_copied_into_the_pod() -> None:
+    """Only the GPU taint and the spec's tolerations: a pool's other taints (spot, a
+    transient disruption) must not change the pod template, and must be tolerated on purpose."""
+    from kvq.placement.pool import GpuNode
+
     tainted = NodePool(
         name="h100-spot",
         gpu=gpu(H100),
         gpus_per_node=8,
-        node_count=2,
-        allocatable_gpus=16,
+        nodes=(GpuNode("n1", 8, True), GpuNode("n2", 8, True)),
         node_selector={"karpenter.sh/nodepool": "h100-spot"},
         taints=(Taint("karpenter.sh/capacity-type", "spot", "NoSchedule"),),
     )
     service = isvc()
-    objects = render_manifests(service, tainted, effective_settings(service, gpu(H100)))
+    objects = render_manifests(service, tainted, settings(service, H100))
     pod = deployment(objects)["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"karpenter.sh/nodepool": "h100-spot"}
-    assert pod["tolerations"] == [
-        {
-            "effect": "NoSchedule",
-            "key": "karpenter.sh/capacity-type",
-            "operator": "Equal",
-            "value": "spot",
-        }
-    ]
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
 
 
 def test_pod_shape() -> None:
@@ -352,7 +357,7 @@ def test_evidence_wrapper_wraps_the_engine_from_its_configmap() -> None:
 
 def test_container_command_for_a_local_run_uses_the_same_arguments() -> None:
     service = isvc()
-    effective = effective_settings(service, gpu(H100))
+    effective = settings(service, H100)
     local = container_command(
         service,
         pool(H100),
@@ -384,7 +389,7 @@ def test_spec_hash_is_stable_and_follows_the_pod_inputs() -> None:
 
 def test_image_without_a_version_tag_needs_spec_engine_version() -> None:
     with pytest.raises(RenderError, match=r"set spec\.engine\.version"):
-        effective_settings(isvc(engine={"image": "vllm/vllm-openai:latest"}), gpu(H100))
+        settings(isvc(engine={"image": "vllm/vllm-openai:latest"}), H100)
 
 
 @pytest.mark.parametrize(
@@ -397,12 +402,15 @@ def test_image_without_a_version_tag_needs_spec_engine_version() -> None:
 def test_engine_versions_outside_the_catalog_are_refused(engine: dict[str, str]) -> None:
     service = isvc(engine=engine)
     with pytest.raises(RenderError, match="outside kvq's engine catalog"):
-        render_manifests(service, pool(H100), effective_settings(service, gpu(H100)))
+        render_manifests(service, pool(H100), settings(service, H100))
 
 
 def test_version_from_spec_wins_over_the_tag() -> None:
-    service = isvc(engine={"image": "registry.local/vllm:v0.26.0-custom", "version": "0.17.0"})
-    effective = effective_settings(service, gpu(H100))
+    service = isvc(
+        engine={"image": "registry.local/vllm:v0.26.0-custom", "version": "0.17.0"},
+        memory={"swapSpaceGiB": 4},
+    )
+    effective = settings(service, H100)
     assert effective.engine_version == "0.17.0"
     assert "--swap-space" in engine_args(service, pool(H100), effective).args
 

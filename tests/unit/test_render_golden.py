@@ -17,10 +17,9 @@ import pytest
 import yaml
 
 from kvq.api.models import InferenceService
-from kvq.render import effective_settings, render_manifests
+from kvq.render import render_manifests
 from kvq.render.manifests import evidence_script
-from kvq.render.settings import Rung
-from tests.unit.render_cases import gpu, isvc, pool
+from tests.unit.render_cases import gpu, isvc, pool, settings
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "render"
 UPDATE = os.environ.get("KVQ_UPDATE_GOLDEN") == "1"
@@ -31,7 +30,7 @@ class Case:
     name: str
     service: Callable[[], InferenceService]
     product: str
-    rung: Rung = "requested"
+    rung: str = "requested"
 
 
 CASES = [
@@ -115,7 +114,7 @@ CASES = [
 def rendered_yaml(case: Case) -> str:
     service = case.service()
     objects = render_manifests(
-        service, pool(case.product), effective_settings(service, gpu(case.product), case.rung)
+        service, pool(case.product), settings(service, case.product, case.rung)
     )
     return yaml.safe_dump_all([_readable(o) for o in objects], sort_keys=True, width=100)
 

@@ -46,7 +46,7 @@ def decision_events(
             events.append(EventSpec("Normal", "Placed", message))
         elif now.type == "CapacityMismatch" and now.status == "True":
             events.append(EventSpec("Warning", "CapacityMismatch", message))
-        elif (now.type == "Placed" and now.status == "False") or (
+        elif (now.type == "Placed" and now.status == "False" and not moves) or (
             now.type == "Degraded" and now.status == "True" and not moves
         ):
             events.append(EventSpec("Warning", now.reason, message))

@@ -19,22 +19,28 @@ MAX_MESSAGE = 4096
 def invalid_status(
     body: Mapping[str, Any], violations: Sequence[Violation], now: datetime
 ) -> dict[str, Any]:
-    """The stored status with its Ready condition replaced by Ready=False/InvalidSpec."""
+    """The stored status with Ready=False and Stalled=True (InvalidSpec), Reconciling=False:
+    a person must fix the spec (kstatus reads this as Failed)."""
     status = dict(body.get("status") or {})
     generation = (body.get("metadata") or {}).get("generation")
     message = "; ".join(str(v) for v in violations)[:MAX_MESSAGE]
     stored = list(status.get("conditions") or [])
-    conditions = [c for c in stored if c.get("type") != "Ready"]
-    previous: dict[str, Any] = next((c for c in stored if c.get("type") == "Ready"), {})
-    since = previous.get("lastTransitionTime") if previous.get("status") == "False" else None
-    ready = {
-        "type": "Ready",
-        "status": "False",
-        "reason": REASON,
-        "message": message,
-        "lastTransitionTime": since or now.isoformat().replace("+00:00", "Z"),
-        "observedGeneration": generation,
-    }
-    status["conditions"] = sorted([*conditions, ready], key=lambda c: str(c.get("type")))
+    replaced = {"Ready": "False", "Stalled": "True", "Reconciling": "False"}
+    conditions = [c for c in stored if c.get("type") not in replaced]
+    for type_, value in replaced.items():
+        previous: dict[str, Any] = next((c for c in stored if c.get("type") == type_), {})
+        same = previous.get("status") == value
+        conditions.append(
+            {
+                "type": type_,
+                "status": value,
+                "reason": REASON if type_ != "Reconciling" else "Stalled",
+                "message": message if type_ != "Reconciling" else "The spec must be fixed.",
+                "lastTransitionTime": (previous.get("lastTransitionTime") if same else None)
+                or now.isoformat().replace("+00:00", "Z"),
+                "observedGeneration": generation,
+            }
+        )
+    status["conditions"] = sorted(conditions, key=lambda c: str(c.get("type")))
     status["observedGeneration"] = generation
     return status
