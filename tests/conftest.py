@@ -11,6 +11,7 @@ after a passing session; kept, minus etcd's data, for its logs when a test faile
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -24,6 +25,7 @@ import pytest
 from kubernetes import client as k8s
 
 from kvq.devcluster import cluster
+from kvq.devcluster.binaries import Binaries, BinaryBuildError, ensure_binaries
 from kvq.devcluster.clients import Kube, api_client, close_client
 from kvq.devcluster.waits import wait_until
 
@@ -37,14 +39,36 @@ def _session_cluster_name() -> str:
     return os.environ.get("KVQ_TEST_CLUSTER") or f"pytest-{checkout}-{os.getpid()}"
 
 
+def _build_binaries(request: pytest.FixtureRequest) -> Binaries:
+    """The pinned binaries, built when missing, with the build's progress on the terminal
+    (not captured: a first build takes many minutes and a person should see it move)."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        return ensure_binaries()
+
+
+def _start_cluster(request: pytest.FixtureRequest, name: str) -> cluster.ClusterState:
+    failure = ""
+    try:
+        binaries = _build_binaries(request)
+        # The start-up timeout counts from here: the build has its own budget.
+        return cluster.up(
+            name=name,
+            profile=os.environ.get("KVQ_TEST_PROFILE", "hetero"),
+            timeout=CLUSTER_START_TIMEOUT,
+            binaries=binaries,
+        )
+    except (BinaryBuildError, cluster.ClusterStartError) as error:
+        failure = str(error)
+    # One line naming the log (outside the except: no chained traceback), for this test and
+    # every later one that needs the cluster.
+    pytest.fail(f"the local control plane did not start: {failure}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def kube(request: pytest.FixtureRequest) -> Iterator[Kube]:
     name = _session_cluster_name()
-    state = cluster.up(
-        name=name,
-        profile=os.environ.get("KVQ_TEST_PROFILE", "hetero"),
-        timeout=CLUSTER_START_TIMEOUT,
-    )
+    state = _start_cluster(request, name)
     api = api_client(state.kubeconfig)
     try:
         yield Kube(state, api)

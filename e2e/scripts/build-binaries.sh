@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Builds the local control plane's binaries from their Go modules, pinned by e2e/versions.env,
-# into $KVQ_CACHE/bin/<component>-<version>/ (default ~/.cache/kvq). A component whose
-# binaries are already there is not rebuilt. Usage: build-binaries.sh [component ...]
-# (components: kubernetes etcd kwok helm; default all). Prints nothing but progress to stderr.
+# into $KVQ_CACHE/bin/<name>-<version>/ (default ~/.cache/kvq). A binary already there, built
+# with the same recipe (module, ldflags, Go), is not rebuilt.
+#
+# Usage: build-binaries.sh [component ...]   (default: etcd kwok kubernetes helm)
+#
+# Progress goes to stderr as `[build-binaries] ...` lines: which component, elapsed time, the
+# measured cold-build time as an estimate, and a heartbeat every $KVQ_BUILD_HEARTBEAT_S (30 s)
+# while the go command works. The go command's own output goes to the log
+# ($KVQ_BUILD_LOG, default $KVQ_CACHE/logs/build-binaries.log), and its tail to stderr when
+# a build fails.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=../versions.env
@@ -10,6 +17,8 @@ source "$here/versions.env"
 cache=${KVQ_CACHE:-$HOME/.cache/kvq}
 bin_root="$cache/bin"
 work_root="$cache/build"
+log_file=${KVQ_BUILD_LOG:-$cache/logs/build-binaries.log}
+heartbeat_s=${KVQ_BUILD_HEARTBEAT_S:-30}
 # One Go for every machine (fetched once from the module proxy); see e2e/README.md.
 export GOTOOLCHAIN=${GOTOOLCHAIN:-go1.27.3}
 export GOCACHE="$cache/go-build"
@@ -19,15 +28,82 @@ export CGO_ENABLED=0
 # Two cores: one package build at a time per go command keeps memory and time predictable.
 export GOMAXPROCS=${GOMAXPROCS:-2}
 build_date=2026-01-01T00:00:00Z
+default_components=(etcd kwok kubernetes helm)
 
-log() { echo "[build-binaries] $*" >&2; }
+# Cold-build wall time per component in seconds (empty cache, this project's 2-core machine;
+# e2e/README.md "Measurements"). Shown as the estimate; etcd's includes fetching Go itself.
+declare -A cold_s=([etcd]=80 [kwok]=134 [kube-apiserver]=410 [kube-controller-manager]=120
+  [kube-scheduler]=10 [helm]=150)
+
+log() {
+  echo "[build-binaries] $*" >&2
+  echo "[build-binaries] $(date -u +%H:%M:%S) $*" >>"$log_file"
+}
+
+clock() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
+
+# building WHAT: announce a build with its estimate; built WHAT: say how long it took.
+building() {
+  build_began=$SECONDS
+  log "$label: building $1 (cold build: about $(clock "${cold_s[$1]:-300}"))"
+}
+built() {
+  log "$label: built $1 in $(clock $((SECONDS - build_began)))"
+  echo "$1" >>"$built_list"
+}
+
+# run_logged LABEL ESTIMATE_S CMD...: CMD's output into the log, a heartbeat line on stderr
+# every $heartbeat_s, and the log's tail on stderr when CMD fails.
+run_logged() {
+  local label=$1 estimate=$2 began=$SECONDS rc=0 next
+  shift 2
+  echo "[build-binaries] $(date -u +%H:%M:%S) $label: $*" >>"$log_file"
+  "$@" >>"$log_file" 2>&1 &
+  local pid=$!
+  next=$((began + heartbeat_s))
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$next" ]; then
+      log "$label: still building, $(clock $((SECONDS - began))) elapsed (cold build: about $(clock "$estimate"))"
+      next=$((next + heartbeat_s))
+    fi
+    sleep 1
+  done
+  wait "$pid" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    tail -n 20 "$log_file" >&2
+    log "$label: failed (exit $rc) after $(clock $((SECONDS - began)))"
+    return "$rc"
+  fi
+}
 
 # wrapper_module NAME: a throwaway module (unique per run) that only requires what we build.
 wrapper_module() {
   w=$(mktemp -d "$work_root/$1.XXXXXX")
   # Each build runs in a subshell: its work dir goes when it ends, built or failed.
   trap 'rm -rf "$w"' EXIT
-  (cd "$w" && go mod init kvq.local/build >/dev/null 2>&1)
+  (cd "$w" && go mod init kvq.local/build >>"$log_file" 2>&1)
+}
+
+# module_gomod MODULE VERSION: the path of that module's go.mod in the module cache.
+module_gomod() {
+  go mod download -json "$1@$2" 2>>"$log_file" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])'
+}
+
+# inherit_directives GOMOD: the built module's own replace and exclude directives that name
+# other modules (forks, pinned versions), as `go mod edit` flags. Local-path replaces are
+# left out: they point at sibling modules of the same repository, published at the same
+# version (or, as with Traefik's nested module, supplied by the component's prepare step).
+inherit_directives() {
+  go mod edit -json "$1" 2>>"$log_file" | python3 -c '
+import json, sys
+mod = json.load(sys.stdin)
+def at(m): return m["Path"] + ("@" + m["Version"] if m.get("Version") else "")
+for r in mod.get("Replace") or []:
+    if not r["New"]["Path"].startswith("."):
+        print("-replace=" + at(r["Old"]) + "=" + at(r["New"]))
+for e in mod.get("Exclude") or []:
+    print("-exclude=" + at(e))
+'
 }
 
 # One build of a component at a time, whoever starts it (make, pytest, a developer); a
@@ -37,98 +113,156 @@ lock_component() {
   flock "$lock_fd"
 }
 
-# install_into DEST_DIR BIN...: move freshly built binaries into place atomically.
+# The recipe a binary was built with; a different one (new ldflags, module or Go) rebuilds.
+recipe() { printf '%s\n' "$GOTOOLCHAIN" "$@"; }
+
+# is_built DEST RECIPE BIN...: every binary in DEST, built with RECIPE.
+is_built() {
+  local dest=$1 want=$2
+  shift 2
+  [ -f "$dest/.recipe" ] && [ "$(cat "$dest/.recipe")" = "$want" ] || return 1
+  for b in "$@"; do [ -x "$dest/$b" ] || return 1; done
+}
+
+# install_into DEST RECIPE BIN...: move freshly built binaries into place atomically.
 install_into() {
-  local dest=$1 tmp=$1.tmp
-  shift
+  local dest=$1 want=$2 tmp=$1.tmp
+  shift 2
   rm -rf "$tmp"
   mkdir -p "$tmp"
   for b in "$@"; do mv "$b" "$tmp/"; done
+  echo "$want" >"$tmp/.recipe"
   rm -rf "$dest"
   mv "$tmp" "$dest"
-  rm -rf "$w"
 }
 
-have_all() {
-  local dir=$1
-  shift
-  for b in "$@"; do [ -x "$dir/$b" ] || return 1; done
+# build_module NAME VERSION MODULE PKG LDFLAGS [PREPARE]: binary NAME from package PKG of
+# MODULE@VERSION into $bin_root/NAME-VERSION/NAME, in a wrapper module that carries MODULE's
+# own replace/exclude directives. PREPARE, a function, runs in the wrapper before the build.
+build_module() {
+  local name=$1 v=$2 module=$3 pkg=$4 ld=$5 prepare=${6:-}
+  local dest="$bin_root/$name-$v" want
+  want=$(recipe "$module@$v" "$pkg" "$ld")
+  if is_built "$dest" "$want" "$name"; then return; fi
+  building "$name"
+  (
+    wrapper_module "$name-$v"
+    cd "$w"
+    local directives
+    directives=$(inherit_directives "$(module_gomod "$module" "$v")")
+    # shellcheck disable=SC2086  # one flag per line
+    go mod edit -require "$module@$v" $directives 2>>"$log_file"
+    [ -z "$prepare" ] || "$prepare" "$w" "$module" "$v"
+    run_logged "$label ($name)" "${cold_s[$name]:-300}" \
+      go build -ldflags "-s -w $ld" -o "$w/$name" "$pkg"
+    install_into "$dest" "$want" "$w/$name"
+  )
+  built "$name"
 }
 
-build_kubernetes() {
+component_etcd() {
+  build_module etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3 \
+    "-X go.etcd.io/etcd/api/v3/version.GitSHA=release-$ETCD_VERSION"
+}
+
+component_kwok() {
+  build_module kwok "$KWOK_VERSION" sigs.k8s.io/kwok sigs.k8s.io/kwok/cmd/kwok \
+    "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+}
+
+component_helm() {
+  # Helm's offline capabilities (`helm template`, `helm lint`) default to Kubernetes v1.20
+  # unless linked with a version: give it the version of the control plane it renders for.
+  local major minor ld v=$HELM_VERSION
+  major=$(echo "$KUBERNETES_VERSION" | cut -d. -f1 | tr -d v)
+  minor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)
+  ld="-X helm.sh/helm/v3/internal/version.version=$v"
+  ld+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    ld+=" -X $pkg.k8sVersionMajor=$major -X $pkg.k8sVersionMinor=$minor"
+  done
+  build_module helm "$v" helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$ld"
+}
+
+component_kubernetes() {
   local v=$KUBERNETES_VERSION dest="$bin_root/kubernetes-$KUBERNETES_VERSION"
   local bins=(kube-apiserver kube-controller-manager kube-scheduler)
-  if have_all "$dest" "${bins[@]}"; then log "kubernetes $v cached"; return; fi
-  local staging=v0.${v#v1.}
-  wrapper_module "kubernetes-$v"
-  cd "$w"
-  go mod download -json "k8s.io/kubernetes@$v" >kube.json
-  local gomod
-  gomod=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["GoMod"])' kube.json)
-  # k8s.io/kubernetes replaces every staging module with ./staging/...; outside its tree
-  # each one must point at the published module of the same release.
-  grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" \
-    | awk '{print $1}' | sort -u >staging.txt
-  while read -r m; do go mod edit -replace "$m=$m@$staging"; done <staging.txt
-  go mod edit -require "k8s.io/kubernetes@$v"
-  local major minor
+  local major minor ld="-s -w" want
   major=$(echo "$v" | cut -d. -f1 | tr -d v)
   minor=$(echo "$v" | cut -d. -f2)
-  local ld="-s -w"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
   done
-  for b in "${bins[@]}"; do
-    log "building $b $v"
-    go build -ldflags "$ld" -o "$w/$b" "k8s.io/kubernetes/cmd/$b"
-  done
-  install_into "$dest" "${bins[@]/#/$w/}"
+  want=$(recipe "k8s.io/kubernetes@$v" "${bins[@]}" "$ld")
+  if is_built "$dest" "$want" "${bins[@]}"; then return; fi
+  (
+    wrapper_module "kubernetes-$v"
+    cd "$w"
+    local gomod staging=v0.${v#v1.}
+    gomod=$(module_gomod k8s.io/kubernetes "$v")
+    # k8s.io/kubernetes replaces every staging module with ./staging/...; outside its tree
+    # each one must point at the published module of the same release.
+    grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/k8s\.io/[a-z0-9-]+' "$gomod" \
+      | awk '{print $1}' | sort -u >staging.txt
+    local edits=()
+    while read -r m; do edits+=("-replace=$m=$m@$staging"); done <staging.txt
+    go mod edit "${edits[@]}" -require "k8s.io/kubernetes@$v" 2>>"$log_file"
+    for b in "${bins[@]}"; do
+      building "$b"
+      run_logged "$label ($b)" "${cold_s[$b]:-300}" \
+        go build -ldflags "$ld" -o "$w/$b" "k8s.io/kubernetes/cmd/$b"
+      built "$b"
+    done
+    install_into "$dest" "$want" "${bins[@]/#/$w/}"
+  )
 }
 
-build_etcd() {
-  local v=$ETCD_VERSION dest="$bin_root/etcd-$ETCD_VERSION"
-  if have_all "$dest" etcd; then log "etcd $v cached"; return; fi
-  wrapper_module "etcd-$v"
-  cd "$w"
-  go mod edit -require "go.etcd.io/etcd/server/v3@$v"
-  log "building etcd $v"
-  go build -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=release-$v" \
-    -o "$w/etcd" go.etcd.io/etcd/server/v3
-  install_into "$dest" "$w/etcd"
-}
-
-build_kwok() {
-  local v=$KWOK_VERSION dest="$bin_root/kwok-$KWOK_VERSION"
-  if have_all "$dest" kwok; then log "kwok $v cached"; return; fi
-  wrapper_module "kwok-$v"
-  cd "$w"
-  go mod edit -require "sigs.k8s.io/kwok@$v"
-  log "building kwok $v"
-  go build -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$v" \
-    -o "$w/kwok" sigs.k8s.io/kwok/cmd/kwok
-  install_into "$dest" "$w/kwok"
-}
-
-build_helm() {
-  local v=$HELM_VERSION dest="$bin_root/helm-$HELM_VERSION"
-  if have_all "$dest" helm; then log "helm $v cached"; return; fi
-  wrapper_module "helm-$v"
-  cd "$w"
-  go mod edit -require "helm.sh/helm/v3@$v"
-  log "building helm $v"
-  go build -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v \
-    -X helm.sh/helm/v3/internal/version.gitTreeState=clean" -o "$w/helm" helm.sh/helm/v3/cmd/helm
-  install_into "$dest" "$w/helm"
+version_of() {
+  case $1 in
+    etcd) echo "$ETCD_VERSION" ;;
+    kwok) echo "$KWOK_VERSION" ;;
+    kubernetes) echo "$KUBERNETES_VERSION" ;;
+    helm) echo "$HELM_VERSION" ;;
+  esac
 }
 
 components=("$@")
-[ ${#components[@]} -gt 0 ] || components=(etcd kwok kubernetes helm)
-mkdir -p "$bin_root" "$work_root"
+[ ${#components[@]} -gt 0 ] || components=("${default_components[@]}")
 for c in "${components[@]}"; do
-  start=$(date +%s)
-  lock_component "$c"
-  ( "build_$c" )
-  exec {lock_fd}>&-
-  log "$c done in $(($(date +%s) - start)) s"
+  if ! declare -F "component_$c" >/dev/null; then
+    echo "[build-binaries] error: unknown component '$c' (known: ${default_components[*]})" >&2
+    exit 2
+  fi
 done
+mkdir -p "$bin_root" "$work_root" "$(dirname "$log_file")"
+# What this run built (the builds run in subshells, so a file, not a variable).
+built_list=$(mktemp "$work_root/built.XXXXXX")
+trap 'rm -f "$built_list"' EXIT
+all_began=$SECONDS
+total=${#components[@]}
+i=0
+for c in "${components[@]}"; do
+  i=$((i + 1))
+  label="$i/$total $c $(version_of "$c")"
+  lock_component "$c"
+  # A component returns at once when its binaries are there, built with the same recipe.
+  # (Run outside any `||` so that errexit holds inside it.)
+  set +e
+  (
+    set -e
+    "component_$c"
+  )
+  rc=$?
+  set -e
+  exec {lock_fd}>&-
+  if [ "$rc" -ne 0 ]; then
+    log "error: building $c $(version_of "$c") failed (exit $rc); read $log_file"
+    exit "$rc"
+  fi
+done
+if [ -s "$built_list" ]; then
+  log "ready in $(clock $((SECONDS - all_began))): ${components[*]}"
+else
+  log "cached: ${components[*]}"
+fi

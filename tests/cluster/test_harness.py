@@ -1,13 +1,16 @@
-"""The harness itself: a second cluster comes up beside the session's and goes away cleanly."""
+"""The harness itself: a second cluster comes up beside the session's and goes away cleanly,
+and one that cannot start says which component failed and which log to read."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
 from kvq.devcluster import cluster
+from kvq.devcluster.binaries import ensure_binaries
 
 pytestmark = pytest.mark.cluster
 
@@ -35,3 +38,22 @@ def test_up_status_down_leaves_no_process(tmp_path: Path, monkeypatch: pytest.Mo
     assert not [p.pid for p in state.processes if Path(f"/proc/{p.pid}").exists()]
     assert cluster.status("harness")["running"] is False
     assert (tmp_path / "run" / "logs" / "kube-apiserver.log").stat().st_size > 0
+
+
+def test_a_component_that_dies_at_start_is_named_with_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVQ_RUN_DIR", str(tmp_path / "run"))
+    broken = tmp_path / "kube-apiserver"
+    broken.write_text("#!/bin/sh\necho 'Error: unknown flag: --bogus' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    binaries = dataclasses.replace(ensure_binaries(), kube_apiserver=broken)
+
+    with pytest.raises(cluster.ClusterStartError) as failed:
+        cluster.up(name="broken", profile="single", timeout=60, binaries=binaries)
+
+    log = tmp_path / "run" / "logs" / "kube-apiserver.log"
+    assert str(failed.value) == (
+        f"kube-apiserver exited during start (Error: unknown flag: --bogus); read {log}"
+    )
+    assert cluster.status("broken")["running"] is False

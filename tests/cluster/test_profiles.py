@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvq.devcluster.profiles import load_profile, node_manifests
+from kvq.devcluster.profiles import load_profile, node_manifests, scale_profile
 
 GFD_KEYS = [
     "nvidia.com/gpu.product",
@@ -32,6 +32,7 @@ GFD_KEYS = [
         ),
         ("legacy", {"Tesla-T4", "Tesla-V100-SXM2-16GB"}),
         ("single", {"NVIDIA-H100-80GB-HBM3"}),
+        ("fleet", {"NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L4", "NVIDIA-A100-SXM4-80GB"}),
     ],
 )
 def test_profile_has_the_gpu_products(profile: str, products: set[str]) -> None:
@@ -40,7 +41,7 @@ def test_profile_has_the_gpu_products(profile: str, products: set[str]) -> None:
     assert {n["metadata"]["labels"]["nvidia.com/gpu.product"] for n in nodes} == products
 
 
-@pytest.mark.parametrize("profile", ["hetero", "legacy", "single"])
+@pytest.mark.parametrize("profile", ["hetero", "legacy", "single", "fleet"])
 def test_every_gpu_node_is_kwok_managed_tainted_and_labelled(profile: str) -> None:
     for node in node_manifests(load_profile(profile)):
         labels = node["metadata"]["labels"]
@@ -57,3 +58,27 @@ def test_every_gpu_node_is_kwok_managed_tainted_and_labelled(profile: str) -> No
 def test_unknown_profile_names_the_known_ones() -> None:
     with pytest.raises(FileNotFoundError, match="hetero"):
         load_profile("no-such-profile")
+
+
+def test_fleet_is_500_eight_gpu_nodes() -> None:
+    nodes = node_manifests(load_profile("fleet"))
+
+    assert len(nodes) == 500
+    assert {n["status"]["allocatable"]["nvidia.com/gpu"] for n in nodes} == {"8"}
+    assert len({n["metadata"]["name"] for n in nodes}) == 500
+
+
+@pytest.mark.parametrize(
+    ("total", "counts"),
+    [(4, [1, 1, 1, 1]), (10, [3, 2, 3, 2]), (100, [30, 20, 30, 20]), (1000, [300, 200, 300, 200])],
+)
+def test_scaling_keeps_the_pools_in_proportion(total: int, counts: list[int]) -> None:
+    scaled = scale_profile(load_profile("fleet"), total)
+
+    assert [p.nodes for p in scaled.pools] == counts
+    assert [p.labels for p in scaled.pools] == [p.labels for p in load_profile("fleet").pools]
+
+
+def test_scaling_below_one_node_per_pool_is_refused() -> None:
+    with pytest.raises(ValueError, match="4 pools: it needs at least 4 nodes, not 3"):
+        scale_profile(load_profile("fleet"), 3)

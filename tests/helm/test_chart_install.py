@@ -126,16 +126,20 @@ def apply_example(kube: Kube, namespace: str, *how: str) -> None:
     wait_until(applied, what="kubectl apply of the example InferenceService", timeout=30)
 
 
-def wait_placed(kube: Kube, namespace: str, log: Path) -> dict[str, Any]:
-    """The example reconciled at its generation: Placed=True and its Deployment exists."""
+def wait_ready(kube: Kube, namespace: str, log: Path) -> dict[str, Any]:
+    """The example reconciled at its generation, Placed and Ready, its Deployment there.
 
-    def placed() -> dict[str, Any] | None:
+    Ready is the last status write of a rollout (its pods became ready): a diff taken
+    before it would race that write and see the status change.
+    """
+
+    def ready() -> dict[str, Any] | None:
         isvc = read_example(kube, namespace)
         status = isvc.get("status") or {}
         if status.get("observedGeneration") != isvc["metadata"]["generation"]:
             return None
         conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
-        if conditions.get("Placed") != "True":
+        if (conditions.get("Placed"), conditions.get("Ready")) != ("True", "True"):
             return None
         kube.apps.read_namespaced_deployment(EXAMPLE_NAME, namespace)
         return isvc
@@ -144,7 +148,11 @@ def wait_placed(kube: Kube, namespace: str, log: Path) -> dict[str, Any]:
         return "\n".join(log.read_text(errors="replace").splitlines()[-30:])
 
     return wait_until(
-        placed, what="the example Placed", timeout=90, retry_on=(ApiException,), describe=describe
+        ready,
+        what="the example Placed and Ready",
+        timeout=120,
+        retry_on=(ApiException,),
+        describe=describe,
     )
 
 
@@ -259,10 +267,10 @@ def test_operator_as_the_chart_service_account_reconciles_without_drift(
     account = service_account_kubeconfig(
         kube.state.kubeconfig, namespace, release, tmp_path / "sa.kubeconfig"
     )
-    args = ["--all-namespaces", f"--peering={release}", "--interval=2"]
+    args = ["--all-namespaces", f"--peering={release}"]
     with operator_running(account, args, tmp_path / "operator.log") as log:
         apply_example(kube, namespace)
-        wait_placed(kube, namespace, log)
+        wait_ready(kube, namespace, log)
         assert_no_drift(kube, namespace)
         assert read_peering(kube, release).get("status"), (
             "the operator did not write its lease into the peering object"
@@ -277,10 +285,10 @@ def test_operator_in_namespaced_mode_needs_only_the_roles(
     account = service_account_kubeconfig(
         kube.state.kubeconfig, namespace, release, tmp_path / "sa.kubeconfig"
     )
-    args = [f"--namespace={namespace}", f"--peering={release}", "--interval=2"]
+    args = [f"--namespace={namespace}", f"--peering={release}"]
     with operator_running(account, args, tmp_path / "operator.log") as log:
         apply_example(kube, namespace, "--server-side")
-        wait_placed(kube, namespace, log)
+        wait_ready(kube, namespace, log)
         assert_no_drift(kube, namespace, "--server-side")
         assert read_peering(kube, release, namespace).get("status"), (
             "the operator did not write its lease into the peering object"

@@ -10,7 +10,8 @@ import typer
 from pydantic import ValidationError
 
 from kvq.devcluster import cluster
-from kvq.devcluster.profiles import load_profile
+from kvq.devcluster.binaries import BinaryBuildError, ensure_binaries
+from kvq.devcluster.profiles import load_profile, scale_profile
 
 app = typer.Typer(
     help="Local Kubernetes control plane (real etcd/apiserver/controllers, KWOK GPU nodes).",
@@ -29,18 +30,38 @@ def up(
         Path | None, typer.Option(help="Also write the admin kubeconfig here.")
     ] = None,
     name: NameOption = "dev",
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 180.0,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for readiness, counted after the build.")
+    ] = 180.0,
+    nodes: Annotated[
+        int | None,
+        typer.Option(help="Scale the profile's pools to this many nodes in all (proportionally)."),
+    ] = None,
+    build_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds the build of missing binaries may take (default 3600)."),
+    ] = None,
 ) -> None:
     """Start a fresh cluster with the profile's GPU node pools and wait until it is ready."""
     try:
-        load_profile(profile)
-    except (FileNotFoundError, ValidationError) as error:
+        chosen = load_profile(profile)
+        if nodes is not None:
+            scale_profile(chosen, nodes)
+    except (FileNotFoundError, ValidationError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from error
     try:
-        state = cluster.up(name=name, profile=profile, kubeconfig=kubeconfig, timeout=timeout)
-    except cluster.ClusterStartError as error:
-        typer.echo(str(error), err=True)
+        binaries = ensure_binaries(timeout=build_timeout)
+        state = cluster.up(
+            name=name,
+            profile=profile,
+            kubeconfig=kubeconfig,
+            timeout=timeout,
+            binaries=binaries,
+            nodes=nodes,
+        )
+    except (BinaryBuildError, cluster.ClusterStartError) as error:
+        typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from error
     typer.echo(f"cluster {state.name!r} ready in {state.startup_seconds} s ({state.server})")
     steps = ", ".join(f"{k} {v} s" for k, v in state.milestones.items())

@@ -12,6 +12,7 @@ import shutil
 import ssl
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,12 @@ from kvq.devcluster.paths import e2e_dir, run_dir
 from kvq.devcluster.pki import KeyPair, Pki, write_pki
 from kvq.devcluster.ports import allocate_ports
 from kvq.devcluster.processes import Running, is_alive, start_process, stop_process
-from kvq.devcluster.profiles import KWOK_NODE_ANNOTATION, load_profile, node_manifests
+from kvq.devcluster.profiles import (
+    KWOK_NODE_ANNOTATION,
+    load_profile,
+    node_manifests,
+    scale_profile,
+)
 from kvq.devcluster.rest import Rest, get_ok, tls_context
 from kvq.devcluster.waits import WaitTimeoutError, wait_until
 
@@ -33,6 +39,8 @@ STATE_FILE = "state.json"
 # them (kubectl logs, a metrics scrape) stays on this machine.
 POD_CIDR = "127.10.0.0/16"
 NODE_IP = "127.0.0.1"
+NODE_CREATE_WORKERS = 8
+HPA_SYNC_PERIOD = "2s"
 
 
 @dataclass
@@ -63,7 +71,7 @@ class ClusterState:
 
 
 class ClusterStartError(RuntimeError):
-    pass
+    """The cluster did not start; the message is one line that names the log to read."""
 
 
 def up(
@@ -72,11 +80,19 @@ def up(
     kubeconfig: Path | None = None,
     timeout: float = 120.0,
     binaries: Binaries | None = None,
+    nodes: int | None = None,
 ) -> ClusterState:
-    """Start a fresh cluster (stopping an earlier one of the same name) and wait until usable."""
-    began = time.monotonic()
+    """Start a fresh cluster (stopping an earlier one of the same name) and wait until usable.
+
+    Missing binaries are built first, under their own budget: `timeout` counts from the end
+    of the build. `nodes` scales the profile's pools to that many nodes in all. Raises
+    ClusterStartError (one line naming the log) when the start fails.
+    """
     chosen = load_profile(profile)
+    if nodes is not None:
+        chosen = scale_profile(chosen, nodes)
     bins = binaries or ensure_binaries()
+    began = time.monotonic()
     down(name)
     root = run_dir(name)
     for stale in ("etcd-data", "pki", "logs"):
@@ -129,18 +145,17 @@ def up(
     try:
         launch("etcd", _etcd_args(bins, root, ports, pki))
         etcd_health = f"https://127.0.0.1:{ports['etcd']}/health"
-        _wait_https(etcd_health, pki, pki.etcd_server, remaining(), state)
+        _wait_https(etcd_health, pki, pki.etcd_server, remaining(), state, "etcd")
         reached("etcd healthy")
         launch("kube-apiserver", _apiserver_args(bins, ports, pki))
-        _wait_https(f"{server}/readyz", pki, admin_pair, remaining(), state)
+        _wait_https(f"{server}/readyz", pki, admin_pair, remaining(), state, "kube-apiserver")
         reached("kube-apiserver ready")
         launch("kube-controller-manager", _controller_manager_args(bins, ports, pki, configs))
         launch("kube-scheduler", _scheduler_args(bins, ports, pki, configs))
         launch("kwok", _kwok_args(bins, ports, configs, _write_kwok_config(root)))
-        nodes = node_manifests(chosen)
-        for node in nodes:
-            rest.post("/api/v1/nodes", node)
-        _wait_ready(rest, len(nodes), remaining(), state, reached)
+        manifests = node_manifests(chosen)
+        _create_nodes(rest, manifests, logs / "kube-apiserver.log")
+        _wait_ready(rest, len(manifests), remaining(), state, reached)
     except BaseException:
         _stop_all(state)
         raise
@@ -236,6 +251,15 @@ def _apiserver_args(bins: Binaries, ports: dict[str, int], pki: Pki) -> list[str
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-cluster-ip-range={pki_ids.SERVICE_CIDR}",
         "--enable-admission-plugins=NodeRestriction",
+        # API aggregation (extension API servers such as KEDA's metrics server): the
+        # aggregator proves itself with the front-proxy client certificate.
+        f"--requestheader-client-ca-file={pki.front_proxy_ca.cert}",
+        f"--requestheader-allowed-names={pki_ids.FRONT_PROXY_CLIENT.name}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client.key}",
         "--allow-privileged=true",
         # No kubelets reach this API server's Service; loopback is not a valid endpoint anyway.
         "--endpoint-reconciler-type=none",
@@ -272,6 +296,9 @@ def _controller_manager_args(
         f"--cluster-signing-cert-file={pki.ca.cert}",
         f"--cluster-signing-key-file={pki.ca.key}",
         f"--service-cluster-ip-range={pki_ids.SERVICE_CIDR}",
+        # Autoscaling tests (KEDA's HPAs) see a decision within seconds, not 15 s; with no
+        # HPA in the cluster the loop has nothing to do.
+        f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",
     ]
 
 
@@ -307,6 +334,17 @@ def _write_kwok_config(root: Path) -> Path:
     return target
 
 
+def _create_nodes(rest: Rest, manifests: list[dict[str, Any]], server_log: Path) -> None:
+    try:
+        # A few at a time: a fleet profile's hundreds of nodes in seconds, not minutes.
+        with ThreadPoolExecutor(max_workers=NODE_CREATE_WORKERS) as pool:
+            list(pool.map(lambda node: rest.post("/api/v1/nodes", node), manifests))
+    except OSError as error:
+        raise ClusterStartError(
+            f"creating the profile's nodes failed ({error}); read {server_log}"
+        ) from error
+
+
 def _wait_ready(
     rest: Rest,
     expected: int,
@@ -330,31 +368,55 @@ def _wait_ready(
     def default_account() -> bool:
         return bool(rest.get("/api/v1/namespaces/default/serviceaccounts")["items"])
 
-    _wait_alive(nodes_ready, f"{expected} nodes Ready", timeout, state)
+    # Each poll lists every node: a 500-node list is megabytes, so poll less often there.
+    _wait_alive(
+        nodes_ready,
+        f"{expected} nodes Ready",
+        timeout,
+        state,
+        "kwok",
+        interval=min(0.1 + expected / 500, 1.0),
+    )
     reached("nodes Ready")
-    _wait_alive(default_account, "the default ServiceAccount", timeout, state)
+    # The controller manager creates it: its log says why when it does not.
+    _wait_alive(
+        default_account, "the default ServiceAccount", timeout, state, "kube-controller-manager"
+    )
     reached("default ServiceAccount")
 
 
-def _wait_alive(probe: Any, what: str, timeout: float, state: ClusterState) -> None:
-    """wait_until, but fail at once (with the log's tail) when a component has died."""
+def _wait_alive(
+    probe: Callable[[], object],
+    what: str,
+    timeout: float,
+    state: ClusterState,
+    suspect: str,
+    interval: float = 0.1,
+) -> None:
+    """wait_until, but fail at once when a component has died; either way one line that
+    names the log to read (the dead component's, else `suspect`'s, whose work is awaited)."""
 
     def check() -> bool:
         for proc in state.processes:
             if not is_alive(proc):
-                raise ClusterStartError(f"{proc.name} exited during start:\n{_tail(proc.log)}")
+                raise ClusterStartError(
+                    f"{proc.name} exited during start ({_last_line(proc.log)}); read {proc.log}"
+                )
         return bool(probe())
 
     try:
-        wait_until(check, what=what, timeout=timeout, retry_on=(OSError,))
+        wait_until(check, what=what, timeout=timeout, interval=interval, retry_on=(OSError,))
     except WaitTimeoutError as timed_out:
-        tails = "\n".join(f"--- {p.name}\n{_tail(p.log)}" for p in state.processes)
-        raise ClusterStartError(f"{timed_out}\n{tails}") from timed_out
+        log = Path(state.run_dir) / "logs" / f"{suspect}.log"
+        first_line = str(timed_out).splitlines()[0]
+        raise ClusterStartError(f"{first_line}; read {log}") from timed_out
 
 
-def _wait_https(url: str, pki: Pki, client: KeyPair, timeout: float, state: ClusterState) -> None:
+def _wait_https(
+    url: str, pki: Pki, client: KeyPair, timeout: float, state: ClusterState, server: str
+) -> None:
     ctx = _tls_context(pki.ca.cert, client)
-    _wait_alive(lambda: get_ok(url, ctx), url, timeout, state)
+    _wait_alive(lambda: get_ok(url, ctx), url, timeout, state, server)
 
 
 def _tls_context(ca: Path, client: KeyPair | None) -> ssl.SSLContext:
@@ -368,8 +430,11 @@ def _client_pair(pki_dir: Path, identity: pki_ids.Identity) -> KeyPair:
     return KeyPair(pki_dir / f"{stem}.crt", pki_dir / f"{stem}.key")
 
 
-def _tail(log: str, lines: int = 20) -> str:
+def _last_line(log: str) -> str:
+    """The log's last non-empty line, shortened: usually the reason a component exited."""
     try:
-        return "\n".join(Path(log).read_text(errors="replace").splitlines()[-lines:])
+        lines = [line for line in Path(log).read_text(errors="replace").splitlines() if line]
     except FileNotFoundError:
-        return "(no log)"
+        return "no log"
+    last = lines[-1].strip() if lines else "empty log"
+    return last if len(last) <= 160 else last[:157] + "..."

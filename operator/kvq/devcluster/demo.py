@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvq.devcluster import cluster
+from kvq.devcluster.binaries import BinaryBuildError, ensure_binaries
 from kvq.devcluster.paths import e2e_dir
 from kvq.devcluster.ports import allocate_ports
 from kvq.devcluster.waits import WaitTimeoutError, wait_until
@@ -73,14 +74,30 @@ EXPECTATIONS = (
 )
 
 
+class DemoStepError(RuntimeError):
+    """A step of the demo failed; the message is one line naming the log to read."""
+
+
 def run_demo(profile: str = "hetero", name: str = "demo") -> int:
+    """The demo; failures end in one `error:` line naming the log to read (exit 1)."""
+    try:
+        return _run_demo(profile, name)
+    except (BinaryBuildError, cluster.ClusterStartError, DemoStepError) as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _run_demo(profile: str, name: str) -> int:
     root = e2e_dir().parent
+    # The build (first run only) has its own budget and progress; the start-up its own.
+    binaries = ensure_binaries()
     print(f"==> starting the local control plane ({profile} profile)", flush=True)
-    state = cluster.up(name=name, profile=profile, timeout=300)
+    state = cluster.up(name=name, profile=profile, timeout=300, binaries=binaries)
     print(f"    ready in {state.startup_seconds:.1f} s; export KUBECONFIG={state.kubeconfig}")
-    kubectl = _kubectl(state.kubeconfig)
+    logs = Path(state.run_dir) / "logs"
+    kubectl = _kubectl(state.kubeconfig, logs / "kube-apiserver.log")
     operator: subprocess.Popen[bytes] | None = None
-    log_path = Path(state.run_dir) / "logs" / "kvq-operator.log"
+    log_path = logs / "kvq-operator.log"
     try:
         kubectl("get", "nodes", "-L", "nvidia.com/gpu.product", show=True)
         kubectl("apply", "--server-side", "-f", str(root / "crds"))
@@ -119,19 +136,23 @@ def run_demo(profile: str = "hetero", name: str = "demo") -> int:
         cluster.down(name)
 
 
-def _kubectl(kubeconfig: str) -> Callable[..., str]:
+def _kubectl(kubeconfig: str, server_log: Path) -> Callable[..., str]:
     binary = str(Path(sys.executable).parent / "kubectl")
 
     def call(*args: str, show: bool = False) -> str:
-        result = subprocess.run(
-            [binary, "--kubeconfig", kubeconfig, *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
+        try:
+            result = subprocess.run(
+                [binary, "--kubeconfig", kubeconfig, *args],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise DemoStepError(f"kubectl {args[0]} failed ({error}); read {server_log}") from error
         if result.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+            said = " ".join(result.stderr.split())
+            raise DemoStepError(f"kubectl {' '.join(args)} failed: {said}; read {server_log}")
         if show:
             print(result.stdout, end="", flush=True)
         return result.stdout
@@ -145,7 +166,7 @@ def _start_operator(kubeconfig: str, log_path: Path) -> subprocess.Popen[bytes]:
     log = log_path.open("wb")
     command = [
         sys.executable, "-m", "kvq.cli", "run", "--namespace", NAMESPACE, "--standalone",
-        "--interval", "2", "--metrics-port", str(port),
+        "--metrics-port", str(port),
     ]  # fmt: skip
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 

@@ -54,6 +54,25 @@ def load_profile(name_or_path: str) -> Profile:
     return Profile.model_validate(yaml.safe_load(path.read_text()))
 
 
+def scale_profile(profile: Profile, nodes: int) -> Profile:
+    """The same pools with `nodes` nodes in all, shared in proportion to the profile's own
+    counts (largest remainder first; every pool keeps at least one node)."""
+    if nodes < len(profile.pools):
+        raise ValueError(
+            f"profile {profile.name!r} has {len(profile.pools)} pools: it needs at least "
+            f"{len(profile.pools)} nodes, not {nodes}"
+        )
+    weights = [pool.nodes for pool in profile.pools]
+    spare = nodes - len(weights)  # one node per pool is given first
+    shares = [spare * w / sum(weights) for w in weights]
+    counts = [1 + int(share) for share in shares]
+    by_remainder = sorted(range(len(shares)), key=lambda i: int(shares[i]) - shares[i])
+    for i in by_remainder[: nodes - sum(counts)]:
+        counts[i] += 1
+    pools = [p.model_copy(update={"nodes": n}) for p, n in zip(profile.pools, counts, strict=True)]
+    return profile.model_copy(update={"pools": pools})
+
+
 def node_manifests(profile: Profile) -> list[dict[str, Any]]:
     """One KWOK-managed Node per pool member, named `<pool>-<index>`."""
     return [_node(pool, f"{pool.name}-{i}") for pool in profile.pools for i in range(pool.nodes)]

@@ -42,13 +42,56 @@ class Rest:
     def post(self, path: str, body: dict[str, Any]) -> Any:
         return self._call("POST", path, body)
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def apply(self, obj: dict[str, Any], field_manager: str = "kvq-dev-cluster") -> Any:
+        """Server-side apply of one object (created or updated; conflicts forced)."""
+        path = f"{object_path(obj)}?fieldManager={field_manager}&force=true"
+        return self._call("PATCH", path, obj, "application/apply-patch+yaml")
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        content_type: str = "application/json",
+    ) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
             f"{self.server}{path}",
             data=data,
             method=method,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            headers={"Content-Type": content_type, "Accept": "application/json"},
         )
         with urllib.request.urlopen(request, context=self.ctx, timeout=10) as response:
             return json.loads(response.read())
+
+
+# Kinds the harness applies that are not namespaced (everything else is).
+_CLUSTER_SCOPED = {
+    "APIService",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "GatewayClass",
+    "Namespace",
+    "Node",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
+def object_path(obj: dict[str, Any]) -> str:
+    """The REST path of an object from its apiVersion, kind, namespace and name."""
+    api_version, kind, meta = obj["apiVersion"], obj["kind"], obj["metadata"]
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if kind not in _CLUSTER_SCOPED:
+        base += f"/namespaces/{meta.get('namespace', 'default')}"
+    return f"{base}/{_plural(kind)}/{meta['name']}"
+
+
+def _plural(kind: str) -> str:
+    lower = kind.lower()
+    if lower.endswith("y"):
+        return lower[:-1] + "ies"
+    if lower.endswith(("s", "x", "ch")):
+        return lower + "es"
+    return lower + "s"
