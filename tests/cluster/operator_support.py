@@ -108,7 +108,7 @@ class OperatorProcess:
         kubeconfig: str,
         namespace: str,
         log_path: Path,
-        interval: float = 1.0,
+        resync: float = 300.0,
         peering: str | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
@@ -117,7 +117,7 @@ class OperatorProcess:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log_path
-        self.interval = interval
+        self.resync = resync
         self.metrics_port = allocate_ports(["metrics"])["metrics"]
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -126,7 +126,8 @@ class OperatorProcess:
             *(sys.executable, "-m", "kvq.cli", "run"),
             *(("--peering", self.peering) if self.peering else ("--standalone",)),
             *("--namespace", self.namespace),
-            *("--interval", str(self.interval)),
+            # Long: every test must converge from watch events alone, not from a resync.
+            *("--resync", str(self.resync)),
             *("--metrics-port", str(self.metrics_port)),
             "--verbose",
             *self.extra_args,

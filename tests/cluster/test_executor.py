@@ -25,7 +25,7 @@ from kvq.devcluster.clients import Kube
 from kvq.devcluster.waits import wait_for_deletion, wait_until
 from kvq.handlers.reconcile import Observed, Runtime, reconcile
 from kvq.k8s.clients import Clients
-from kvq.k8s.executor import execute
+from kvq.k8s.executor import ExecutionResult, Memory, execute
 from kvq.k8s.logs import read_log_tails
 from kvq.k8s.status import StatusConflictError
 from tests.cluster import manifests
@@ -150,12 +150,38 @@ def deployment(kube: Kube, namespace: str) -> k8s.V1Deployment:
     return kube.apps.read_namespaced_deployment(NAME, namespace)
 
 
+def live(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    """What the operator's watch cache would hold: kvq's objects as the server stores them."""
+    found: list[Any] = [
+        *kube.core.list_namespaced_config_map(namespace).items,
+        *kube.apps.list_namespaced_deployment(namespace).items,
+    ]
+    objects = []
+    for item in found:
+        body: dict[str, Any] = kube.api.sanitize_for_serialization(item)
+        body.setdefault("apiVersion", "v1" if isinstance(item, k8s.V1ConfigMap) else "apps/v1")
+        body.setdefault("kind", type(item).__name__.removeprefix("V1"))
+        objects.append(body)
+    return objects
+
+
+def run(
+    clients: Clients,
+    plan: Plan,
+    isvc: dict[str, Any],
+    kube: Kube,
+    memory: Memory | None = None,
+) -> ExecutionResult:
+    namespace = isvc["metadata"]["namespace"]
+    return execute(clients, plan, isvc, live(kube, namespace), memory or Memory(), NOW)
+
+
 def test_apply_creates_the_objects_owned_by_the_inference_service(
     kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
 ) -> None:
     before = writes_so_far()
 
-    outcome = execute(clients, hand_plan(isvc), isvc, NOW)
+    outcome = run(clients, hand_plan(isvc), isvc, kube)
 
     assert outcome.applied == ("ConfigMap/llama-kvq-evidence", "Deployment/llama")
     assert outcome.status_written
@@ -180,7 +206,7 @@ def test_the_same_plan_again_writes_nothing(
     kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
 ) -> None:
     plan = hand_plan(isvc)
-    execute(clients, plan, isvc, NOW)
+    run(clients, plan, isvc, kube)
     # The controllers fill in the Deployment's status and revision (not kvq's to undo);
     # once its pod is available they stop writing, so the resourceVersion is kvq's to keep.
     wait_until(
@@ -196,7 +222,7 @@ def test_the_same_plan_again_writes_nothing(
     fresh = read_isvc(kube, namespace, NAME)
     before = writes_so_far()
 
-    again = execute(clients, plan, fresh, NOW)
+    again = run(clients, plan, fresh, kube)
 
     assert again.writes == 0
     assert again.unchanged == ("ConfigMap/llama-kvq-evidence", "Deployment/llama")
@@ -217,12 +243,10 @@ def test_the_same_plan_again_writes_nothing(
 def test_a_changed_plan_updates_the_deployment_in_place(
     kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
 ) -> None:
-    execute(clients, hand_plan(isvc, spec_hash="h1"), isvc, NOW)
+    run(clients, hand_plan(isvc, spec_hash="h1"), isvc, kube)
     first = deployment(kube, namespace)
 
-    outcome = execute(
-        clients, hand_plan(isvc, spec_hash="h2"), read_isvc(kube, namespace, NAME), NOW
-    )
+    outcome = run(clients, hand_plan(isvc, spec_hash="h2"), read_isvc(kube, namespace, NAME), kube)
 
     second = deployment(kube, namespace)
     assert outcome.applied == ("Deployment/llama",)
@@ -237,10 +261,10 @@ def test_a_field_someone_else_changed_is_taken_back(
     kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
 ) -> None:
     plan = hand_plan(isvc)
-    execute(clients, plan, isvc, NOW)
+    run(clients, plan, isvc, kube)
     kube.apps.patch_namespaced_deployment_scale(NAME, namespace, {"spec": {"replicas": 3}})
 
-    outcome = execute(clients, plan, read_isvc(kube, namespace, NAME), NOW)
+    outcome = run(clients, plan, read_isvc(kube, namespace, NAME), kube)
 
     assert outcome.applied == ("Deployment/llama",)
     assert deployment(kube, namespace).spec.replicas == 1
@@ -249,10 +273,10 @@ def test_a_field_someone_else_changed_is_taken_back(
 def test_status_is_written_once_and_not_rewritten_when_equal(
     kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
 ) -> None:
-    execute(clients, hand_plan(isvc, ready="True"), isvc, NOW)
+    run(clients, hand_plan(isvc, ready="True"), isvc, kube)
     stored = read_isvc(kube, namespace, NAME)
 
-    again = execute(clients, hand_plan(isvc, ready="True"), stored, NOW)
+    again = run(clients, hand_plan(isvc, ready="True"), stored, kube)
 
     assert not again.status_written
     after = read_isvc(kube, namespace, NAME)
@@ -269,35 +293,51 @@ def test_status_from_a_stale_read_is_a_conflict_not_an_overwrite(
     )
 
     with pytest.raises(StatusConflictError):
-        execute(clients, hand_plan(isvc), stale, NOW)
+        run(clients, hand_plan(isvc), stale, kube)
 
     assert not read_isvc(kube, namespace, NAME).get("status")
 
 
-def test_reconcile_from_a_stale_read_rereads_and_converges(
-    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
-) -> None:
-    runtime = Runtime(
+def runtime_for(clients: Clients) -> Runtime:
+    return Runtime(
         catalogs=Catalogs(load_gpu_catalog(), load_engine_catalog(), load_model_catalog()),
         config=OperatorConfig(),
         clients=clients,
     )
+
+
+def observed(kube: Kube, body: dict[str, Any]) -> Observed:
     nodes = [kube.api.sanitize_for_serialization(n) for n in kube.core.list_node().items]
-    observed = Observed(nodes={n["metadata"]["name"]: [n] for n in nodes}, pods={}, owned=[])
+    namespace = body["metadata"]["namespace"]
+    return Observed(body=body, nodes=nodes, pods=[], gpu_pods=[], owned=live(kube, namespace))
+
+
+def test_reconcile_from_a_stale_read_is_a_conflict_then_converges(
+    kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
+) -> None:
+    runtime = runtime_for(clients)
     stale = copy.deepcopy(isvc)
     kube.custom.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, NAME, {"metadata": {"labels": {"team": "a"}}}
     )
 
-    outcome = reconcile(runtime, stale, observed)
+    first = reconcile(runtime, observed(kube, stale))
 
-    assert outcome is not None and outcome.status_written
+    assert first.passed.conflict
+    assert not read_isvc(kube, namespace, NAME).get("status")
+    second = reconcile(runtime, observed(kube, read_isvc(kube, namespace, NAME)))
+    assert second.result is not None and second.result.status_written
     owner = deployment(kube, namespace).metadata.owner_references[0]
     assert owner.uid == isvc["metadata"]["uid"]
     stored = read_isvc(kube, namespace, NAME)
     assert stored["metadata"]["labels"] == {"team": "a"}
     placed = {c["type"]: c for c in stored["status"]["conditions"]}
     assert placed["Placed"]["status"] == "True"
+    # Once the watch cache holds what was written, a pass writes nothing at all.
+    before = writes_so_far()
+    third = reconcile(runtime, observed(kube, read_isvc(kube, namespace, NAME)))
+    assert third.result is not None and third.result.writes == 0
+    assert writes_so_far() == before
 
 
 def test_events_are_posted_about_the_inference_service(
@@ -305,7 +345,7 @@ def test_events_are_posted_about_the_inference_service(
 ) -> None:
     event = EventSpec("Warning", "FallbackToAuto", "fp8 rejected by the engine; serving auto")
 
-    execute(clients, hand_plan(isvc, events=(event,)), isvc, NOW)
+    run(clients, hand_plan(isvc, events=(event,)), isvc, kube)
 
     selector = f"involvedObject.uid={isvc['metadata']['uid']}"
     posted = kube.core.list_namespaced_event(namespace, field_selector=selector).items
@@ -323,7 +363,7 @@ def test_delete_removes_kvq_objects_only(
         kube.core.create_namespaced_config_map(namespace, body)
     refs = tuple(ObjectRef("v1", "ConfigMap", namespace, n) for n in ("ours", "theirs", "gone"))
 
-    outcome = execute(clients, hand_plan(isvc, delete=refs), isvc, NOW)
+    outcome = run(clients, hand_plan(isvc, delete=refs), isvc, kube)
 
     assert outcome.deleted == ("ConfigMap/ours",)
     wait_for_deletion(
@@ -335,7 +375,7 @@ def test_delete_removes_kvq_objects_only(
 def test_deleting_the_inference_service_collects_its_children(
     kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
 ) -> None:
-    execute(clients, hand_plan(isvc), isvc, NOW)
+    run(clients, hand_plan(isvc), isvc, kube)
 
     kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
 
@@ -353,23 +393,20 @@ def test_an_unreadable_spec_is_ready_false_with_one_warning(
     kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
 ) -> None:
     # The CRD refuses this at apply time; an older CRD would not: kvq must still cope.
-    runtime = Runtime(
-        catalogs=Catalogs(load_gpu_catalog(), load_engine_catalog(), load_model_catalog()),
-        config=OperatorConfig(),
-        clients=clients,
-    )
-    observed = Observed(nodes={}, pods={}, owned=[])
+    runtime = runtime_for(clients)
 
-    def as_if_invalid() -> dict[str, Any]:
+    def as_if_invalid() -> Observed:
         body = read_isvc(kube, namespace, NAME)
         body["spec"]["memory"]["gpuMemoryUtilization"] = 1.5
-        return body
+        return Observed(body=body, nodes=[], pods=[], gpu_pods=[], owned=[])
 
-    assert reconcile(runtime, as_if_invalid(), observed) is None
-    assert reconcile(runtime, as_if_invalid(), observed) is None
+    assert reconcile(runtime, as_if_invalid()).plan is None
+    assert reconcile(runtime, as_if_invalid()).plan is None
 
-    ready = read_isvc(kube, namespace, NAME)["status"]["conditions"][0]
-    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    conditions = {c["type"]: c for c in read_isvc(kube, namespace, NAME)["status"]["conditions"]}
+    ready = conditions["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert conditions["Stalled"]["status"] == "True"
     assert "gpuMemoryUtilization" in ready["message"]
     selector = f"involvedObject.uid={isvc['metadata']['uid']},type=Warning"
     warnings = kube.core.list_namespaced_event(namespace, field_selector=selector).items
