@@ -124,8 +124,10 @@ def report_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="run.py report", description="merge runs, write md")
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--note", action="append", default=[], help="a line for the report")
     args = parser.parse_args(argv)
     document = report.merge([json.loads(p.read_text()) for p in args.runs])
+    document["notes"] = [*document.get("notes", []), *args.note]
     stem = report.file_stem(document)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(document, indent=1) + "\n")

@@ -88,6 +88,13 @@ def plan(
     kv_cache_dtype: Annotated[str, typer.Option(help="A dtype, or all")] = "all",
     max_model_len: Annotated[int | None, typer.Option(min=16)] = None,
     block_size: Annotated[int, typer.Option(min=1)] = 16,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(min=1, help="vLLM --max-num-seqs (default: what serve picks)")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None,
+        typer.Option(min=1, help="vLLM --max-num-batched-tokens (default: what serve picks)"),
+    ] = None,
     engine_version: Annotated[
         str | None, typer.Option(help="Also check each dtype against this vLLM version")
     ] = None,
@@ -128,6 +135,8 @@ def plan(
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
         )
         row: dict[str, Any] = {
             "kvBytesPerToken": result.kv_bytes_per_token,
@@ -135,6 +144,8 @@ def plan(
             "kvTokens": result.kv_tokens,
             "maxConcurrency": round(result.max_concurrency, 2),
             "maxModelLen": result.max_model_len,
+            "maxNumSeqs": result.max_num_seqs,
+            "maxNumBatchedTokens": result.max_num_batched_tokens,
             "ratioVsAuto": round(result.ratio_vs_auto, 3),
             "fits": result.fits,
         }
@@ -147,6 +158,9 @@ def plan(
                 "value": verdict.engine_value,
                 "reason": verdict.reason,
             }
+            slow = capability.slow_warning(dtype, gpu_model.compute_capability)
+            if slow is not None and verdict.ok:
+                row["engine"]["warning"] = slow
         rows[dtype] = row
     if output == "json":
         document = {
@@ -192,6 +206,8 @@ def _print_plan_table(
             cells.append("ok" if verdict["ok"] else "refused")
             if not verdict["ok"]:
                 notes.append(f"{dtype} refused: {verdict['reason']}")
+            if verdict.get("warning"):
+                notes.append(f"{dtype} warning: {verdict['warning']}")
         table.add_row(*cells)
     Console(width=120).print(table)
     for note in dict.fromkeys(notes):

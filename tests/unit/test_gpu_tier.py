@@ -15,13 +15,13 @@ from gputier import report  # isort: skip
 from gputier.compare import CapacityCheck, classify, judge  # isort: skip
 from gputier.gpu import GpuInfo, parse_nvidia_smi, pool_for  # isort: skip
 from gputier.load import LoadSpec, percentile, prompts  # isort: skip
-from gputier.points import Point, plan_point, render_point  # isort: skip
+from gputier.points import Point, plan_point, render_point, settings_for  # isort: skip
 from gputier.shapes import DEFAULT_SHAPES, config_json  # isort: skip
 from gputier.tier import TierConfig, dry_run, run_tier, write_json  # isort: skip
 from gputier.vllm_output import parse_startup  # isort: skip
 
 from kvq.catalog.models import architecture_from_hf_config, load_model_catalog
-from kvq.render import container_command, effective_settings
+from kvq.render import container_command
 
 H200 = GpuInfo("NVIDIA H200", 143771, "580.159.04", 1)
 
@@ -119,7 +119,7 @@ def test_the_engine_builds_the_shape_the_planner_plans(shape: str) -> None:
 def test_a_supported_dtype_runs_exactly_kvqs_container_command() -> None:
     pool = pool_for(H200)
     rendered = render_point(Point("llama-3-8b", "fp8"), pool)
-    settings = effective_settings(rendered.isvc, pool.gpu)
+    settings = settings_for(rendered.isvc, pool)
     assert list(rendered.command) == container_command(rendered.isvc, pool, settings)
     assert rendered.substitution is None
     assert rendered.command[:4] == ("python3", "/opt/kvq/evidence_wrapper.py", "--", "python3")

@@ -8,6 +8,7 @@ that matches the GPU; the harness only "mounts" what a pod would get: the wrappe
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 from kvq.api.models import InferenceService
@@ -15,7 +16,7 @@ from kvq.catalog.engines import EngineCapability, load_engine_catalog, version_f
 from kvq.catalog.models import ModelArchitecture, load_model_catalog
 from kvq.placement.pool import NodePool
 from kvq.planner import CapacityPlan, plan_capacity
-from kvq.render import RenderError, container_command, effective_settings
+from kvq.render import EffectiveSettings, RenderError, container_command, effective_settings
 from kvq.render.args import ENGINE_PORT
 from kvq.render.model_source import MODELS_ROOT
 
@@ -115,6 +116,14 @@ def predict(point: Point, pool: NodePool) -> Prediction:
     )
 
 
+def settings_for(isvc: InferenceService, pool: NodePool) -> EffectiveSettings:
+    """`kvq.render.effective_settings` for the requested rung (it takes the engine catalog
+    as an argument in newer kvq, loaded it itself before)."""
+    if "engines" in inspect.signature(effective_settings).parameters:
+        return effective_settings(isvc, pool.gpu, engines=load_engine_catalog())
+    return effective_settings(isvc, pool.gpu)
+
+
 def render_point(
     point: Point, pool: NodePool, *, python: str = "python3", port: int = ENGINE_PORT
 ) -> RenderedPoint:
@@ -122,12 +131,12 @@ def render_point(
     command kvq renders for `auto` with only the KV dtype swapped (recorded as such)."""
     isvc = inference_service(point)
     try:
-        settings = effective_settings(isvc, pool.gpu)
+        settings = settings_for(isvc, pool)
         command = container_command(isvc, pool, settings, python=python, port=port)
         rendered_for, substitution = point.dtype, None
     except RenderError as refusal:
         auto = inference_service(Point(point.shape, "auto"), name=point.name)
-        settings = effective_settings(auto, pool.gpu)
+        settings = settings_for(auto, pool)
         base = container_command(auto, pool, settings, python=python, port=port)
         engine_value = engine_capability().engine_value(point.dtype) or point.dtype
         command = swap_kv_dtype(base, engine_value)

@@ -75,7 +75,7 @@ def render_markdown(document: dict[str, Any]) -> str:
         f"# GPU tier: {document['started'][:10]}, {gpu['count']}x {gpu['name']}",
         "",
         "kvq's rendered vLLM command on a real GPU (`make test-gpu`, e2e/gpu/README.md).",
-        f"**Weights are dummy**: {document['weights']}. Throughput and latency are those of "
+        f"**Weights are dummy.** {document['weights']}. Throughput and latency are those of "
         "random weights on the real kernels; capacity and refusals do not depend on the "
         "weights' values.",
         "",
@@ -92,6 +92,15 @@ def render_markdown(document: dict[str, Any]) -> str:
         f"| load | {document['load']['description']} |",
         "",
         "What the harness adds to the pod's command: " + "; ".join(document["harness_adds"]) + ".",
+        "",
+    ]
+    for run in document.get("runs", []):
+        out.append(
+            f"- run {run['label'] or '-'}: {run['started']} to {run['finished']} "
+            f"({_num(run['wall_s'], 0)} s), kvq {run['versions'].get('kvq_commit')}"
+        )
+    out += [f"- {note}" for note in document.get("notes", [])]
+    out += [
         "",
         "## Capacity: vLLM's KV tokens against `kvq plan`",
         "",
@@ -161,7 +170,11 @@ def render_markdown(document: dict[str, Any]) -> str:
         {r["prediction"]["slow_warning"] for r in points if r["prediction"].get("slow_warning")}
     )
     if warnings:
-        out += ["", "Catalog warnings shown by `kvq plan --engine-version`:", ""]
+        out += [
+            "",
+            "The catalog's warning at the time of the run (`kvq plan --engine-version`):",
+            "",
+        ]
         out += [f"- {w}" for w in warnings]
     not_run = [r for r in points if r["outcome"] == "not run"]
     out += ["", "## Not run", ""]
