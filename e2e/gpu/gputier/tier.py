@@ -331,6 +331,8 @@ def dry_run(info: GpuInfo, config: TierConfig) -> list[str]:
         )
         if rendered.substitution:
             lines.append(f"#   {rendered.substitution}")
+        if record["prediction"]["slow_warning"]:
+            lines.append(f"#   catalog warning: {record['prediction']['slow_warning']}")
         lines.append(
             f"{env} KVQ_TERMINATION_LOG=<run dir>/{point.name}.termination-log "
             + " ".join(rendered.command)
