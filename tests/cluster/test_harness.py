@@ -4,13 +4,16 @@ and one that cannot start says which component failed and which log to read."""
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes import client as k8s
 
 from kvq.devcluster import cluster
 from kvq.devcluster.binaries import ensure_binaries
+from kvq.devcluster.clients import Kube
 
 pytestmark = pytest.mark.cluster
 
@@ -57,3 +60,19 @@ def test_a_component_that_dies_at_start_is_named_with_its_log(
         f"kube-apiserver exited during start (Error: unknown flag: --bogus); read {log}"
     )
     assert cluster.status("broken")["running"] is False
+
+
+def test_the_service_range_holds_more_services_than_a_slash_24(kube: Kube, namespace: str) -> None:
+    # A fleet of InferenceServices has one Service each; a /24 ran out at 254.
+    def create(i: int) -> str:
+        service = k8s.V1Service(
+            metadata=k8s.V1ObjectMeta(name=f"s{i}"),
+            spec=k8s.V1ServiceSpec(selector={"app": f"s{i}"}, ports=[k8s.V1ServicePort(port=80)]),
+        )
+        return str(kube.core.create_namespaced_service(namespace, service).spec.cluster_ip)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        addresses = list(pool.map(create, range(300)))
+
+    assert len(set(addresses)) == 300
+    assert all(a.startswith("10.0.") for a in addresses)

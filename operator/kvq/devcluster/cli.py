@@ -85,3 +85,27 @@ def status(name: NameOption = "dev") -> None:
     typer.echo(json.dumps(info, indent=2))
     if not info.get("ready"):
         raise typer.Exit(1)
+
+
+@app.command()
+def usage(
+    name: NameOption = "dev",
+    seconds: Annotated[float, typer.Option(min=1.0, help="Length of the window.")] = 60.0,
+) -> None:
+    """Each component's CPU (cores) and RSS, and the API server's requests/s by verb."""
+    from kvq.devcluster.usage import measure_usage
+
+    state = cluster.ClusterState.load(name)
+    if state is None:
+        typer.echo(f"error: no cluster {name!r}", err=True)
+        raise typer.Exit(1)
+    measured = measure_usage(state.processes, cluster.admin_rest(state), seconds)
+    typer.echo(f"over {measured.seconds} s:")
+    for c in measured.components:
+        typer.echo(f"  {c.name:<28} {c.cpu_cores:6.3f} cores  {c.rss_mib:8.1f} MiB")
+    total_rss = sum(c.rss_mib for c in measured.components)
+    total_cpu = sum(c.cpu_cores for c in measured.components)
+    typer.echo(f"  {'total':<28} {total_cpu:6.3f} cores  {total_rss:8.1f} MiB")
+    rates = ", ".join(f"{verb} {rate}" for verb, rate in measured.requests_per_second.items())
+    total = sum(measured.requests_per_second.values())
+    typer.echo(f"API requests/s: {total:.2f} ({rates})")

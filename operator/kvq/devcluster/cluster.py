@@ -41,6 +41,8 @@ POD_CIDR = "127.10.0.0/16"
 NODE_IP = "127.0.0.1"
 NODE_CREATE_WORKERS = 8
 HPA_SYNC_PERIOD = "2s"
+NODE_LEASE_SECONDS = 120
+CONTROLLER_QPS = 100
 
 
 @dataclass
@@ -66,7 +68,9 @@ class ClusterState:
         if not path.is_file():
             return None
         raw = json.loads(path.read_text())
-        raw["processes"] = [Running(**p) for p in raw["processes"]]
+        raw["processes"] = [
+            Running(**{**p, "argv": tuple(p.get("argv", ()))}) for p in raw["processes"]
+        ]
         return cls(**raw)
 
 
@@ -164,6 +168,22 @@ def up(
     return state
 
 
+def restart_component(state: ClusterState, component: str, timeout: float = 60.0) -> None:
+    """Stop one component (SIGTERM) and start it again with the same arguments, as a
+    restart of that process on a real control plane; waits until the API answers again."""
+    index, proc = next((i, p) for i, p in enumerate(state.processes) if p.name == component)
+    stop_process(proc)
+    state.processes[index] = start_process(component, list(proc.argv), Path(proc.log))
+    state.save()
+    rest = admin_rest(state)
+    wait_until(
+        lambda: rest.get_text("/readyz"),
+        what=f"the API server to answer after restarting {component}",
+        timeout=timeout,
+        retry_on=(OSError,),
+    )
+
+
 def down(name: str = "dev") -> bool:
     """Stop every process of the named cluster; True when something was running."""
     state = ClusterState.load(name)
@@ -197,6 +217,14 @@ def status(name: str = "dev") -> dict[str, Any]:
         "logs": str(Path(state.run_dir) / "logs"),
         "startup_seconds": state.startup_seconds,
     }
+
+
+def admin_rest(state: ClusterState) -> Rest:
+    """The harness's REST client for a running cluster, as its admin."""
+    pki_dir = Path(state.run_dir) / "pki"
+    return Rest(
+        state.server, _tls_context(pki_dir / "ca.crt", _client_pair(pki_dir, pki_ids.ADMIN))
+    )
 
 
 def _stop_all(state: ClusterState) -> None:
@@ -299,6 +327,15 @@ def _controller_manager_args(
         # Autoscaling tests (KEDA's HPAs) see a decision within seconds, not 15 s; with no
         # HPA in the cluster the loop has nothing to do.
         f"--horizontal-pod-autoscaler-sync-period={HPA_SYNC_PERIOD}",
+        # Endpoints (deprecated since 1.33; nothing here reads them) could never be written
+        # for KWOK pods: their loopback IPs are not valid endpoint addresses. EndpointSlices
+        # stay (a gateway reads them; the same refusal applies to loopback pods, see README).
+        "--controllers=*,-endpoints-controller",
+        # 20 requests/s per controller (the default) made 1,000 Deployments take 4 minutes
+        # to become available on the fleet profile; the API server had room to spare.
+        f"--kube-api-qps={CONTROLLER_QPS}",
+        f"--kube-api-burst={2 * CONTROLLER_QPS}",
+        f"--node-monitor-grace-period={NODE_LEASE_SECONDS + 60}s",
     ]
 
 
@@ -323,7 +360,10 @@ def _kwok_args(
         f"--node-ip={NODE_IP}",
         f"--node-port={ports['kwok']}",
         f"--cidr={POD_CIDR}",
-        "--node-lease-duration-seconds=40",
+        # KWOK renews each node's Lease every quarter of this. A kubelet's 40 s (a renewal
+        # every 10 s) costs 50 writes/s at 500 nodes, most of what an idle fleet's API server
+        # does; 120 s costs a third. The controller manager's grace period follows it.
+        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
     ]
 
 

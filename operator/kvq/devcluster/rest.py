@@ -39,6 +39,12 @@ class Rest:
     def get(self, path: str) -> Any:
         return self._call("GET", path, None)
 
+    def get_text(self, path: str) -> str:
+        """A plain-text endpoint such as /metrics."""
+        request = urllib.request.Request(f"{self.server}{path}", headers={"Accept": "text/plain"})
+        with urllib.request.urlopen(request, context=self.ctx, timeout=30) as response:
+            return str(response.read().decode())
+
     def post(self, path: str, body: dict[str, Any]) -> Any:
         return self._call("POST", path, body)
 
