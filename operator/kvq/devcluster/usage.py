@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,11 +70,11 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def _requests_by_verb(rest: Rest) -> Counter[str]:
+def _requests_by_verb(rest: Rest) -> dict[str, float]:
     text = rest.get_text("/metrics")
-    totals: Counter[str] = Counter()
+    totals: defaultdict[str, float] = defaultdict(float)
     for labels, value in _REQUESTS.findall(text):
         verb = _VERB.search(labels)
         if verb:
             totals[verb.group(1)] += float(value)
-    return totals
+    return dict(totals)
