@@ -51,14 +51,23 @@ test-engine: prometheus # real vLLM on this CPU: five server starts (about 45 s 
 	@venv=$$(e2e/engine/install.sh) && KVQ_ENGINE_VENV=$$venv $(PY) -m pytest -m engine tests/engine; \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no engine tests" >&2; exit 1; fi; exit $$rc
 
+.PHONY: bench chaos
+# Not tests: they measure, print figures against goals, and exit 1 when a goal is missed.
+bench: binaries # 1,000 InferenceServices on 500 KWOK GPU nodes (about 15 min; BENCH_ARGS=...)
+	$(PY) -m e2e.bench.fleet $(BENCH_ARGS)
+
+chaos: binaries # operator SIGKILLs, API server and etcd restarts, peering failover (about 15 min)
+	$(PY) -m e2e.bench.chaos $(CHAOS_ARGS)
+
 .PHONY: prometheus
 prometheus: # Debian's prometheus package (apt only when /usr/bin/prometheus is missing)
 	@e2e/prometheus/install.sh >/dev/null
 
 .PHONY: binaries build-k8s cluster-up cluster-down cluster-status
 PROFILE ?= hetero
-binaries: # etcd, kube-apiserver/-controller-manager/-scheduler, KWOK, Helm: built once per version
+binaries: # etcd, kube-apiserver/-controller-manager/-scheduler, KWOK, Helm, kstatus: built once per version
 	@bash e2e/scripts/build-binaries.sh
+	@bash e2e/kstatus/build.sh >/dev/null
 
 build-k8s: binaries
 

@@ -419,6 +419,15 @@ def run(
         str | None, typer.Option(help="kopf peering object: replicas share it, one is active")
     ] = None,
     standalone: Annotated[bool, typer.Option(help="Run without peering")] = False,
+    peering_lifetime: Annotated[
+        int,
+        typer.Option(
+            min=10,
+            max=3600,
+            help="Seconds a peer's record lives without a heartbeat (how long a standby waits "
+            "before taking over from a replica that died)",
+        ),
+    ] = 60,
     resync: Annotated[
         float,
         typer.Option(
@@ -506,6 +515,7 @@ def run(
             standalone=standalone,
             resync=resync,
             workers=workers,
+            peering_lifetime=peering_lifetime,
             metrics_port=metrics_port,
             liveness=liveness,
             verbose=verbose,

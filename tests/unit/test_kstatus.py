@@ -275,12 +275,6 @@ def test_kstatus_is_current_exactly_when_kvq_says_ready(kstatus: Path) -> None:
         assert (verdict["status"] == "Current") == (ready["status"] == "True"), (ready, verdict)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvq writes Ready=True beside Stalled=True when a pod fails before the Deployment's "
-    "status counts it (decide/status.py: _stalled does not defer to Ready as _reconciling does); "
-    "kstatus reads Stalled first: Failed while `kubectl wait --for=condition=Ready` succeeds",
-)
 def test_a_crash_seen_before_the_deployment_counts_it_reads_the_same_to_both(
     kstatus: Path,
 ) -> None:

@@ -225,6 +225,7 @@ def _plan(
         status=status.to_kube(),
         events=events,
         recheck_after=_recheck_after(snap, decision),
+        status_first=bool(decision.moves),
     )
 
 

@@ -143,6 +143,12 @@ def _ready(snap: Snapshot, decision: Decision) -> ConditionUpdate:
         return ConditionUpdate("Ready", "False", "NotDeployable", _why_not(decision))
     want = snap.isvc.spec.replicas
     ready = int((snap.deployment or {}).get("status", {}).get("readyReplicas") or 0)
+    # A failing engine outranks the Deployment's counts, which lag the pods: Ready must
+    # never say True while Stalled says a person is needed (kstatus would read Failed).
+    if decision.failure is not None:
+        return ConditionUpdate(
+            "Ready", "False", str(decision.failure.kind), decision.failure.reason
+        )
     if _rolled_out(snap, decision):
         if want == 0:
             return ConditionUpdate("Ready", "True", "ScaledToZero", "spec.replicas is 0.")
@@ -155,10 +161,6 @@ def _ready(snap: Snapshot, decision: Decision) -> ConditionUpdate:
             f"model {rendered.effective.model_uri}."
         )
         return ConditionUpdate("Ready", "True", "Available", message)
-    if decision.failure is not None:
-        return ConditionUpdate(
-            "Ready", "False", str(decision.failure.kind), decision.failure.reason
-        )
     if decision.waiting:
         return ConditionUpdate("Ready", "False", WAITING, decision.ladder_reason)
     return ConditionUpdate(

@@ -104,6 +104,10 @@ class Plan:
     recheck_after: timedelta | None = None
     """Decide again after this long even if nothing changes (a grace period or back-off
     ends, metrics are due); None: only when something changes."""
+    status_first: bool = False
+    """Write status before applying: the plan moves the ladder, and the move must be on
+    record before anything acts on it (a crash in between then resumes the move instead
+    of undoing it)."""
     keep_live: bool = False
     """Apply nothing and delete nothing: the decision waits on a pool that is gone for now,
     and what runs stays as it is."""

@@ -26,6 +26,8 @@ class Running:
     pid: int
     start_ticks: int
     log: str
+    argv: tuple[str, ...] = ()
+    """How it was started (what a restart runs again)."""
 
 
 def start_process(
@@ -43,7 +45,7 @@ def start_process(
             env=dict(env) if env is not None else None,
         )
     _CHILDREN[proc.pid] = proc
-    return Running(name, proc.pid, _start_ticks(proc.pid) or 0, str(log))
+    return Running(name, proc.pid, _start_ticks(proc.pid) or 0, str(log), tuple(argv))
 
 
 def is_alive(proc: Running) -> bool:

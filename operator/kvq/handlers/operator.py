@@ -43,6 +43,7 @@ DEFAULT_METRICS_PORT = 8080
 DEFAULT_METRICS_INTERVAL = 60.0
 # kopf stops a daemon by cancelling it; a reconcile in a worker thread finishes on its own.
 DAEMON_CANCELLATION_TIMEOUT = 5.0
+DEFAULT_PEERING_LIFETIME = 60
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class RunOptions:
     pool_labels: tuple[str, ...] = ()
     """Node labels naming a GPU pool, tried in order; kvq's defaults when empty."""
     ladder: LadderPolicy = field(default_factory=LadderPolicy)
+    peering_lifetime: int = DEFAULT_PEERING_LIFETIME
+    """Seconds a replica's peering record lives without a heartbeat: how long a standby
+    waits before taking over from a replica that died without saying goodbye."""
 
 
 def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -80,6 +84,7 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     settings.background.instant_exit_timeout = 0.5
     settings.background.cancellation_polling = 1.0
     options: RunOptions = memo.get("options") or RunOptions()
+    settings.peering.lifetime = options.peering_lifetime
     # Given exact namespaces, kopf need not list Namespaces (the chart's namespaced RBAC
     # forbids it, and kopf retried for ~55 s before falling back to the names it had).
     if options.namespaces and not options.all_namespaces:

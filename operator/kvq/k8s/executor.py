@@ -1,7 +1,9 @@
 """Carry out a Plan: apply, delete, write status, post events. Decides nothing.
 
 Order matters for retries: objects first, then status (which may raise StatusConflictError),
-then events, so a conflict re-runs the decision before any event about it is posted.
+then events, so a conflict re-runs the decision before any event about it is posted. A plan
+that moves the ladder writes status first: the move is on record before anything acts on
+it, so an operator killed in between resumes the move rather than undoing it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def execute(
     applied: list[str] = []
     unchanged: list[str] = []
     deleted: list[str] = []
+    status_written = plan.status_first and write_status(clients, isvc, plan.status, memory.forms)
     if not plan.keep_live:
         for manifest in plan.apply:
             current = by_name.get((manifest["kind"], manifest["metadata"]["name"]))
@@ -74,7 +77,8 @@ def execute(
         log.info("%s: applied %s", where, name)
     for name in deleted:
         log.info("%s: deleted %s", where, name)
-    status_written = write_status(clients, isvc, plan.status, memory.forms)
+    if not plan.status_first:
+        status_written = write_status(clients, isvc, plan.status, memory.forms)
     if status_written:
         log.info("%s: status written", where)
     for event in plan.events:

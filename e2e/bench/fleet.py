@@ -1,0 +1,511 @@
+"""`make bench`: kvq on a fleet, with the figures a platform team asks for, against goals.
+
+A local control plane with the `fleet` profile (500 KWOK GPU nodes in four pools), the
+operator as a ServiceAccount (so the API server's own flow-control metrics count its
+requests apart from the harness's), then InferenceServices in two waves: 100 (the
+create-to-Deployment latency at 100 services), then the rest to 1,000 (time to all Ready).
+Five percent of them run on a simulated GPU that refuses the fp8 KV cache, so kvq falls back
+at run time (the fallback latency). Then a minute at rest: API requests per second that kvq
+makes (apiserver_flowcontrol_dispatched_requests_total of its FlowSchema), its RSS and CPU.
+
+    python -m e2e.bench.fleet [--services 1000] [--nodes 500] [--first-wave 100]
+
+Prints a table of figures and goals, writes them as JSON (--out), and exits 1 when a goal
+is missed. Not a test: it measures; its figures go into the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+from kubernetes import watch
+
+from kvq.api import keys
+from kvq.api.crd import crd_manifest
+from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.devcluster import cluster
+from kvq.devcluster.clients import Kube, api_client
+from kvq.devcluster.ports import allocate_ports
+from kvq.devcluster.waits import wait_until
+
+NAMESPACE = "bench"
+OPERATOR_NAMESPACE = "kvq-system"
+OPERATOR_ACCOUNT = "kvq"
+FLOW_SCHEMA = "kvq-bench-operator"
+REJECT_EVERY = 20  # one service in twenty runs on a GPU that refuses fp8 (5%)
+RECONNECT_BACKOFF_S = 1.0
+REFUSAL = (
+    "engine exited with code 1\nerror lines, most specific first:\n"
+    "NotImplementedError: FP8 KV cache requires head_size divisible by 32 on CPU."
+)
+
+GOALS = {
+    "all_ready_s": 120.0,
+    "create_to_deployment_p95_at_100_s": 1.0,
+    "fallback_p95_s": 10.0,
+    "requests_per_s_at_rest": 1.0,
+    "rss_mb": 300.0,
+}
+
+
+@dataclass
+class Timeline:
+    """When things happened (monotonic seconds), by InferenceService name."""
+
+    created: dict[str, float] = field(default_factory=dict)
+    deployed: dict[str, float] = field(default_factory=dict)
+    ready: dict[str, float] = field(default_factory=dict)
+    crashed: dict[str, float] = field(default_factory=dict)
+    fell_back: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def mark(self, table: dict[str, float], name: str) -> None:
+        with self.lock:
+            table.setdefault(name, time.monotonic())
+
+
+@dataclass
+class Results:
+    services: int
+    nodes: int
+    first_wave: int
+    load_average: list[float]
+    first_wave_ready_s: float | None = None
+    create_to_deployment_at_100_s: dict[str, float] = field(default_factory=dict)
+    all_ready_s: float | None = None
+    ready_count: int = 0
+    create_to_deployment_at_1000_s: dict[str, float] = field(default_factory=dict)
+    fallbacks: int = 0
+    fallback_s: dict[str, float] = field(default_factory=dict)
+    requests_per_s_at_rest: float | None = None
+    cpu_percent_at_rest: float | None = None
+    rss_mb: float | None = None
+    cluster_start_s: float | None = None
+    verdicts: dict[str, bool] = field(default_factory=dict)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    results = Results(args.services, args.nodes, args.first_wave, list(os.getloadavg()))
+    name = "bench"
+    print(f"kvq bench: {args.services} InferenceServices on {args.nodes} GPU nodes", flush=True)
+    began = time.monotonic()
+    state = cluster.up(name=name, profile="fleet", nodes=args.nodes, timeout=900)
+    results.cluster_start_s = round(time.monotonic() - began, 1)
+    print(f"  cluster up in {results.cluster_start_s} s ({args.nodes} nodes)", flush=True)
+    api = api_client(state.kubeconfig)
+    kube = Kube(state, api)
+    try:
+        _prepare(kube)
+        kubeconfig = _operator_kubeconfig(kube, Path(state.run_dir))
+        with _operator(kubeconfig, Path(state.run_dir) / "operator.log") as operator:
+            _run_waves(kube, args, results)
+            _measure_rest(kube, operator, args.rest, results)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+        if not args.keep:
+            cluster.down(name)
+    _judge(results)
+    _print(results)
+    if args.out:
+        Path(args.out).write_text(json.dumps(asdict(results), indent=2))
+    return 0 if all(results.verdicts.values()) else 1
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="make bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--first-wave", type=int, default=100)
+    parser.add_argument("--rest", type=float, default=60.0, help="seconds measured at rest")
+    parser.add_argument("--deadline", type=float, default=900.0, help="seconds per wave")
+    parser.add_argument("--out", default="", help="write the figures as JSON here")
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running")
+    return parser.parse_args(argv)
+
+
+def _prepare(kube: Kube) -> None:
+    from kubernetes.dynamic import DynamicClient
+
+    dynamic = DynamicClient(kube.api)  # type: ignore[no-untyped-call]
+    for body in (crd_manifest(), _flow_schema()):
+        resource = dynamic.resources.get(api_version=body["apiVersion"], kind=body["kind"])
+        dynamic.server_side_apply(resource, body=body, field_manager="kvq-bench")
+    for namespace in (NAMESPACE, OPERATOR_NAMESPACE):
+        kube.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
+    wait_until(
+        lambda: kube.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL),
+        what="InferenceServices to be served",
+        timeout=60,
+        retry_on=(k8s.exceptions.ApiException,),
+    )
+
+
+def _flow_schema() -> dict[str, Any]:
+    """Puts the operator's requests in a flow schema of their own: the API server then
+    counts them in apiserver_flowcontrol_dispatched_requests_total{flow_schema=...}."""
+    return {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": FLOW_SCHEMA},
+        "spec": {
+            "matchingPrecedence": 500,
+            "priorityLevelConfiguration": {"name": "workload-high"},
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [
+                {
+                    "subjects": [
+                        {
+                            "kind": "ServiceAccount",
+                            "serviceAccount": {
+                                "name": OPERATOR_ACCOUNT,
+                                "namespace": OPERATOR_NAMESPACE,
+                            },
+                        }
+                    ],
+                    "resourceRules": [
+                        {
+                            "verbs": ["*"],
+                            "apiGroups": ["*"],
+                            "resources": ["*"],
+                            "clusterScope": True,
+                            "namespaces": ["*"],
+                        }
+                    ],
+                    "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                }
+            ],
+        },
+    }
+
+
+def _operator_kubeconfig(kube: Kube, run_dir: Path) -> Path:
+    """A ServiceAccount token for the operator (cluster-admin: RBAC is tested elsewhere)."""
+    account = k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name=OPERATOR_ACCOUNT))
+    kube.core.create_namespaced_service_account(OPERATOR_NAMESPACE, account)
+    kube.rbac.create_cluster_role_binding(
+        k8s.V1ClusterRoleBinding(
+            metadata=k8s.V1ObjectMeta(name="kvq-bench-operator"),
+            role_ref=k8s.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="cluster-admin"
+            ),
+            subjects=[
+                k8s.RbacV1Subject(
+                    kind="ServiceAccount", name=OPERATOR_ACCOUNT, namespace=OPERATOR_NAMESPACE
+                )
+            ],
+        )
+    )
+    request = k8s.AuthenticationV1TokenRequest(
+        spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=6 * 3600)
+    )
+    token = kube.core.create_namespaced_service_account_token(
+        OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, request
+    ).status.token
+    admin = yaml.safe_load(Path(kube.state.kubeconfig).read_text())
+    the_cluster = admin["clusters"][0]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [the_cluster],
+        "users": [{"name": "kvq", "user": {"token": token}}],
+        "contexts": [{"name": "kvq", "context": {"cluster": the_cluster["name"], "user": "kvq"}}],
+        "current-context": "kvq",
+    }
+    path = run_dir / "kubeconfigs" / "kvq-operator.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class Operator:
+    process: subprocess.Popen[bytes]
+    metrics_port: int
+    log: Path
+
+
+@contextmanager
+def _operator(kubeconfig: Path, log: Path) -> Iterator[Operator]:
+    port = allocate_ports(["metrics"])["metrics"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvq.cli",
+        "run",
+        "--all-namespaces",
+        "--standalone",
+        f"--metrics-port={port}",
+    ]
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    with log.open("ab") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    operator = Operator(process, port, log)
+    try:
+        wait_until(lambda: _scrape(port), what="the operator's /metrics", timeout=120,
+                   retry_on=(OSError,))  # fmt: skip
+        yield operator
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _run_waves(kube: Kube, args: argparse.Namespace, results: Results) -> None:
+    timeline = Timeline()
+    stop = threading.Event()
+    watchers = [
+        threading.Thread(target=fn, args=(kube, timeline, stop), daemon=True)
+        for fn in (_watch_services, _watch_deployments, _watch_pods)
+    ]
+    for thread in watchers:
+        thread.start()
+    # Latencies are a running operator's: one service first, waited for, so the operator's
+    # start (API discovery, initial lists of every watched kind) is not in the figures.
+    _create(kube, ["warmup-0000"], timeline)
+    _wait_ready(timeline, ["warmup-0000"], time.monotonic(), args.deadline)
+    names = [f"svc-{i:04d}" for i in range(args.services)]
+    first, rest = names[: args.first_wave], names[args.first_wave :]
+
+    began = time.monotonic()
+    _create(kube, first, timeline)
+    results.first_wave_ready_s = _wait_ready(timeline, first, began, args.deadline)
+    results.create_to_deployment_at_100_s = _latency(timeline.created, timeline.deployed, first)
+    print(f"  wave 1: {len(first)} services, all Ready in {results.first_wave_ready_s} s",
+          flush=True)  # fmt: skip
+
+    began = time.monotonic()
+    _create(kube, rest, timeline)
+    results.all_ready_s = _wait_ready(timeline, names, began, args.deadline)
+    results.ready_count = sum(1 for n in names if n in timeline.ready)
+    results.create_to_deployment_at_1000_s = _latency(timeline.created, timeline.deployed, rest)
+    rejecting = [n for i, n in enumerate(names) if i % REJECT_EVERY == REJECT_EVERY - 1]
+    results.fallbacks = sum(1 for n in rejecting if n in timeline.fell_back)
+    results.fallback_s = _latency(timeline.crashed, timeline.fell_back, rejecting)
+    print(f"  wave 2: {len(rest)} more, {results.ready_count}/{len(names)} Ready in "
+          f"{results.all_ready_s} s", flush=True)  # fmt: skip
+    stop.set()
+
+
+def _create(kube: Kube, names: list[str], timeline: Timeline) -> None:
+    def one(name: str) -> None:
+        index = int(name.split("-")[1])
+        spec: dict[str, Any] = {
+            "model": {"uri": "hf://meta-llama/Meta-Llama-3-8B"},
+            "kvCache": {"dtype": "fp8"},
+            "memory": {"maxModelLen": 8192},
+        }
+        if index % REJECT_EVERY == REJECT_EVERY - 1:
+            spec["engine"] = {
+                "env": [
+                    {"name": "KVQ_SIM_REJECT_KV_CACHE_DTYPE", "value": "fp8"},
+                    {"name": "KVQ_SIM_TERMINATION_MESSAGE", "value": REFUSAL},
+                ]
+            }
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "InferenceService",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+        timeline.mark(timeline.created, name)
+        kube.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, names))
+
+
+def _wait_ready(
+    timeline: Timeline, names: list[str], began: float, deadline: float
+) -> float | None:
+    try:
+        wait_until(
+            lambda: all(n in timeline.ready for n in names),
+            what=f"{len(names)} InferenceServices Ready",
+            timeout=deadline,
+            interval=0.5,
+        )
+    except Exception:  # the figures so far are still worth printing
+        return None
+    return round(max(timeline.ready[n] for n in names) - began, 1)
+
+
+def _watch_services(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
+    for event in _stream(kube.custom.list_namespaced_custom_object, stop,
+                         GROUP, VERSION, NAMESPACE, PLURAL):  # fmt: skip
+        obj = event["object"]
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            timeline.mark(timeline.ready, obj["metadata"]["name"])
+
+
+def _watch_deployments(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
+    for event in _stream(kube.apps.list_namespaced_deployment, stop, NAMESPACE):
+        obj = event["object"]
+        name = obj.metadata.name
+        timeline.mark(timeline.deployed, name)
+        annotations = obj.spec.template.metadata.annotations or {}
+        if annotations.get(keys.ANNOTATION_RUNG) == "auto":
+            timeline.mark(timeline.fell_back, name)
+
+
+def _watch_pods(kube: Kube, timeline: Timeline, stop: threading.Event) -> None:
+    for event in _stream(kube.core.list_namespaced_pod, stop, NAMESPACE):
+        obj = event["object"]
+        owner = (obj.metadata.labels or {}).get(keys.LABEL_INFERENCESERVICE)
+        for status in obj.status.container_statuses or []:
+            if owner and status.last_state and status.last_state.terminated:
+                timeline.mark(timeline.crashed, owner)
+
+
+def _stream(list_fn: Any, stop: threading.Event, *args: Any) -> Iterator[dict[str, Any]]:
+    while not stop.is_set():
+        stream = watch.Watch()
+        try:
+            yield from stream.stream(list_fn, *args, timeout_seconds=60)
+        except Exception:  # a dropped watch is reopened; the bench does not judge it
+            stop.wait(RECONNECT_BACKOFF_S)
+
+
+def _latency(start: dict[str, float], end: dict[str, float], names: list[str]) -> dict[str, float]:
+    values = sorted(end[n] - start[n] for n in names if n in start and n in end)
+    if not values:
+        return {}
+    return {
+        "count": len(values),
+        "p50": round(statistics.median(values), 3),
+        "p95": round(values[min(len(values) - 1, int(0.95 * len(values)))], 3),
+        "max": round(values[-1], 3),
+    }
+
+
+def _measure_rest(kube: Kube, operator: Operator, seconds: float, results: Results) -> None:
+    """Wait for the operator to settle, then count its requests, CPU and memory."""
+
+    def reconciles() -> float:
+        return _sample(_scrape(operator.metrics_port), "kvq_reconciles_total")
+
+    seen: list[float] = []
+
+    def quiet() -> bool:
+        seen.append(reconciles())
+        return len(seen) >= 10 and seen[-1] == seen[-10]
+
+    wait_until(quiet, what="the operator to settle", timeout=600, interval=1.0)
+    requests_before = _dispatched(kube)
+    cpu_before = _cpu_seconds(operator.process.pid)
+    began = time.monotonic()
+    wait_until(lambda: time.monotonic() - began >= seconds, what="the rest window",
+               timeout=seconds + 30, interval=1.0)  # fmt: skip
+    elapsed = time.monotonic() - began
+    results.requests_per_s_at_rest = round((_dispatched(kube) - requests_before) / elapsed, 3)
+    cpu = _cpu_seconds(operator.process.pid) - cpu_before
+    results.cpu_percent_at_rest = round(100 * cpu / elapsed, 2)
+    results.rss_mb = round(_rss_bytes(operator.process.pid) / 1e6, 1)
+
+
+def _dispatched(kube: Kube) -> float:
+    text = cluster.admin_rest(kube.state).get_text("/metrics")
+    return _sample(text, "apiserver_flowcontrol_dispatched_requests_total",
+                   flow_schema=FLOW_SCHEMA)  # fmt: skip
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _judge(results: Results) -> None:
+    at_100 = results.create_to_deployment_at_100_s.get("p95")
+    fallback = results.fallback_s.get("p95")
+    results.verdicts = {
+        "all_ready_s": results.all_ready_s is not None
+        and results.all_ready_s <= GOALS["all_ready_s"],
+        "create_to_deployment_p95_at_100_s": at_100 is not None
+        and at_100 <= GOALS["create_to_deployment_p95_at_100_s"],
+        "fallback_p95_s": fallback is not None and fallback <= GOALS["fallback_p95_s"],
+        "requests_per_s_at_rest": results.requests_per_s_at_rest is not None
+        and results.requests_per_s_at_rest <= GOALS["requests_per_s_at_rest"],
+        "rss_mb": results.rss_mb is not None and results.rss_mb <= GOALS["rss_mb"],
+    }
+
+
+def _print(results: Results) -> None:
+    def mark(key: str) -> str:
+        return "PASS" if results.verdicts[key] else "MISS"
+
+    load = ", ".join(f"{x:.1f}" for x in results.load_average)
+    rows = [
+        ("apply -> all Ready", f"{results.all_ready_s} s ({results.ready_count}/"
+         f"{results.services} Ready; wave 2 of {results.services - results.first_wave})",
+         f"<= {GOALS['all_ready_s']:.0f} s", mark("all_ready_s")),
+        ("create -> Deployment at 100", _fmt(results.create_to_deployment_at_100_s),
+         f"p95 < {GOALS['create_to_deployment_p95_at_100_s']:.0f} s",
+         mark("create_to_deployment_p95_at_100_s")),
+        ("create -> Deployment at 1000", _fmt(results.create_to_deployment_at_1000_s), "", ""),
+        ("fallback (crash seen -> auto Deployment)",
+         f"{_fmt(results.fallback_s)} ({results.fallbacks} fallbacks)",
+         f"p95 < {GOALS['fallback_p95_s']:.0f} s", mark("fallback_p95_s")),
+        ("kvq API requests at rest", f"{results.requests_per_s_at_rest}/s",
+         f"< {GOALS['requests_per_s_at_rest']:.0f}/s", mark("requests_per_s_at_rest")),
+        ("operator RSS at rest", f"{results.rss_mb} MB", f"< {GOALS['rss_mb']:.0f} MB",
+         mark("rss_mb")),
+        ("operator CPU at rest", f"{results.cpu_percent_at_rest}% of a core", "", ""),
+    ]  # fmt: skip
+    print(f"\nkvq bench: {results.services} services, {results.nodes} nodes "
+          f"(cluster up in {results.cluster_start_s} s; load average at start {load})")  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    for what, value, goal, verdict in rows:
+        print(f"  {what:<{width}}  {value:<48} {goal:<14} {verdict}")
+
+
+def _fmt(latency: dict[str, float]) -> str:
+    if not latency:
+        return "n/a"
+    return f"p50 {latency['p50']} s, p95 {latency['p95']} s, max {latency['max']} s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
