@@ -486,6 +486,19 @@ def run(
     metrics_interval: Annotated[
         float, typer.Option(min=1.0, help="Least seconds between status.metrics writes")
     ] = 60.0,
+    autoscaling_prometheus_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Prometheus URL that KEDA uses for autoscaled services (default: "
+            "--prometheus-url without its credentials)"
+        ),
+    ] = None,
+    autoscaling_authentication: Annotated[
+        str | None,
+        typer.Option(
+            help="KEDA ClusterTriggerAuthentication with Prometheus' credentials, by name"
+        ),
+    ] = None,
     pool_label: Annotated[
         list[str] | None,
         typer.Option(
@@ -522,6 +535,8 @@ def run(
             prometheus_url=prometheus_url,
             metrics_interval=metrics_interval,
             pool_labels=tuple(pool_label or ()),
+            autoscaling_prometheus_url=autoscaling_prometheus_url,
+            autoscaling_authentication=autoscaling_authentication,
             ladder=LadderPolicy(
                 suspect_repeats=suspect_restarts,
                 retry_after=timedelta(seconds=retry_after),

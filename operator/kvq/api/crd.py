@@ -25,6 +25,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Requested", "type": "string", "jsonPath": ".spec.kvCache.dtype"},
     {"name": "Effective", "type": "string", "jsonPath": ".status.effective.kvCacheDtype"},
     {"name": "Pool", "type": "string", "jsonPath": ".status.placement.pool"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {
         "name": "Ready",
         "type": "string",

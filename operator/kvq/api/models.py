@@ -11,6 +11,8 @@ from kvq.api.base import KubeModel
 from kvq.api.rules import Rule
 from kvq.api.spec import (
     ArchitectureSpec,
+    AutoscalingSpec,
+    AutoscalingTargets,
     AwqSpec,
     CapacitySpec,
     EngineSpec,
@@ -99,6 +101,8 @@ __all__ = [
     "SINGULAR",
     "VERSION",
     "ArchitectureSpec",
+    "AutoscalingSpec",
+    "AutoscalingTargets",
     "AwqSpec",
     "CapacitySpec",
     "CapacityStatus",

@@ -405,6 +405,100 @@ class RolloutSpec(KubeModel):
     """Replicas that may be down during a rollout."""
 
 
+class AutoscalingTargets(KubeModel):
+    """What one replica should carry; the autoscaler adds replicas when the load asks for more.
+
+    Each target is per replica, averaged over the replicas (KEDA's AverageValue): a target
+    of 0.7 KV-cache usage with two replicas at 0.9 asks for three.
+    """
+
+    kube_rules = (
+        Rule(
+            cel="has(self.kvCacheUsage) || has(self.requestsWaiting) || has(self.runningFraction)",
+            message="give at least one target: kvCacheUsage, requestsWaiting or runningFraction",
+            check=lambda t: (
+                t.kv_cache_usage is not None
+                or t.requests_waiting is not None
+                or t.running_fraction is not None
+            ),
+        ),
+    )
+
+    kv_cache_usage: Annotated[
+        float | None,
+        FieldRule(
+            cel="self > 0.0 && self <= 1.0",
+            message="kvCacheUsage is a fraction of the KV cache: greater than 0, at most 1",
+            check=lambda v: 0.0 < v <= 1.0,
+        ),
+    ] = None
+    """KV-cache usage per replica (vllm:kv_cache_usage_perc, 0-1)."""
+    requests_waiting: Annotated[
+        float | None,
+        FieldRule(
+            cel="self > 0.0 && self <= 10000.0",
+            message="requestsWaiting must be greater than 0 (queued requests per replica)",
+            check=lambda v: 0.0 < v <= 10_000.0,
+        ),
+    ] = None
+    """Requests queued per replica (vllm:num_requests_waiting)."""
+    running_fraction: Annotated[
+        float | None,
+        FieldRule(
+            cel="self > 0.0 && self <= 1.0",
+            message="runningFraction is a fraction of the concurrency kvq planned per "
+            "replica: greater than 0, at most 1",
+            check=lambda v: 0.0 < v <= 1.0,
+        ),
+    ] = None
+    """Running requests per replica as a fraction of the sequences one replica holds at
+    maxModelLen (status.capacity.maxConcurrentSequences): 0.8 adds a replica when each is
+    80% full. The figure follows the KV dtype that runs: fp8 holds twice the sequences."""
+
+
+class AutoscalingSpec(KubeModel):
+    """Scale the replicas on the engine's own signals, with KEDA (its ScaledObject is kvq's).
+
+    The autoscaler owns spec.replicas (through the scale subresource); kvq runs what it
+    asks, within [minReplicas, maxReplicas]. Needs KEDA in the cluster and a Prometheus
+    that scrapes the engines (`kvq run --prometheus-url`).
+    """
+
+    kube_rules = (
+        Rule(
+            cel="self.minReplicas <= self.maxReplicas",
+            message="minReplicas must not be above maxReplicas",
+            check=lambda a: a.min_replicas <= a.max_replicas,
+            field_path=".minReplicas",
+        ),
+        Rule(
+            cel="self.minReplicas > 0 || has(self.idleSeconds)",
+            message="minReplicas 0 (scale to zero) needs idleSeconds: how long without a "
+            "request before the last replica goes",
+            check=lambda a: a.min_replicas > 0 or a.idle_seconds is not None,
+            field_path=".idleSeconds",
+        ),
+    )
+
+    min_replicas: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Fewest replicas; 0 scales to zero after idleSeconds without requests."""
+    max_replicas: Annotated[int, Field(ge=1, le=1000)]
+    """Most replicas (also bounded by the GPUs the pool can offer: status says when)."""
+    targets: AutoscalingTargets = Field(
+        default_factory=lambda: AutoscalingTargets(kv_cache_usage=0.8, requests_waiting=2),
+        json_schema_extra={"default": {"kvCacheUsage": 0.8, "requestsWaiting": 2}},
+    )
+    """Per-replica targets; a replica is added when any is exceeded."""
+    scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
+    """How long the load must stay low before replicas are removed (HPA behaviour)."""
+    cooldown_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
+    """After the last activity, how long before scaling to zero (KEDA cooldownPeriod)."""
+    idle_seconds: Annotated[int | None, Field(ge=60, le=86400)] = None
+    """Scale to zero only when no request arrived in this window (with minReplicas 0)."""
+    polling_seconds: Annotated[int, Field(ge=5, le=600)] = 15
+    """How often KEDA reads the signals."""
+
+
 class FallbackSpec(KubeModel):
     """What kvq may do when the requested KV-cache dtype cannot run."""
 
@@ -445,6 +539,14 @@ class InferenceServiceSpec(KubeModel):
             field_path=".capacity.minConcurrentSequences",
         ),
         Rule(
+            cel="!has(self.autoscaling) || !has(self.replicas) "
+            "|| self.replicas <= self.autoscaling.maxReplicas",
+            message="spec.replicas is above autoscaling.maxReplicas: with autoscaling the "
+            "autoscaler sets spec.replicas within [minReplicas, maxReplicas]; leave it out",
+            check=lambda s: s.autoscaling is None or s.replicas <= s.autoscaling.max_replicas,
+            field_path=".replicas",
+        ),
+        Rule(
             cel="!has(self.capacity) || !has(self.capacity.minConcurrentSequences) "
             "|| !has(self.memory) || !has(self.memory.maxNumSeqs) "
             "|| self.memory.maxNumSeqs >= self.capacity.minConcurrentSequences",
@@ -477,6 +579,9 @@ class InferenceServiceSpec(KubeModel):
     """The fallback ladder when the requested dtype cannot run."""
     rollout: RolloutSpec | None = None
     """Rolling-update limits; kvq picks them from the pool's free GPUs when omitted."""
+    autoscaling: AutoscalingSpec | None = None
+    """Scale on KV-cache usage and queue length (KEDA); spec.replicas is then the
+    autoscaler's."""
     replicas: Annotated[
         int,
         FieldRule(
@@ -486,4 +591,11 @@ class InferenceServiceSpec(KubeModel):
         ),
     ] = 1
     """Engine replicas (each with gpusPerReplica GPUs). `kubectl scale` writes this field
-    (the scale subresource); editing it never restarts running replicas."""
+    (the scale subresource); editing it never restarts running replicas. With autoscaling
+    the autoscaler writes it, and kvq runs it within [minReplicas, maxReplicas]."""
+
+    def desired_replicas(self) -> int:
+        """The replicas kvq runs: spec.replicas, within the autoscaling bounds if any."""
+        if self.autoscaling is None:
+            return self.replicas
+        return max(self.autoscaling.min_replicas, min(self.replicas, self.autoscaling.max_replicas))

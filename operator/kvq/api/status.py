@@ -9,7 +9,14 @@ from pydantic import Field
 from kvq.api.base import KubeModel
 
 ConditionType = Literal[
-    "Ready", "Reconciling", "Stalled", "Placed", "FallbackActive", "Degraded", "CapacityMismatch"
+    "Ready",
+    "Reconciling",
+    "Stalled",
+    "Placed",
+    "FallbackActive",
+    "Degraded",
+    "CapacityMismatch",
+    "Autoscaling",
 ]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -178,6 +185,38 @@ class MetricsStatus(KubeModel):
     status only when a figure moved, at most once a minute."""
 
 
+class AutoscalingSignals(KubeModel):
+    """The engine signals behind the last scaling decision (from Prometheus)."""
+
+    kv_cache_usage: float | None = None
+    """KV-cache usage of the fullest replica."""
+    requests_waiting: float | None = None
+    """Queued requests, all replicas."""
+    requests_running: float | None = None
+    """Running requests, all replicas."""
+    observed_at: str | None = None
+    """When they were read (RFC 3339)."""
+
+
+class AutoscalingStatus(KubeModel):
+    """What the autoscaler asks for and what limits it."""
+
+    current_replicas: int | None = None
+    """Engine pods that exist."""
+    desired_replicas: int | None = None
+    """spec.replicas (the autoscaler's), within [minReplicas, maxReplicas]."""
+    pool_max_replicas: int | None = None
+    """Replicas the chosen pool can hold now (its free GPUs and the service's own)."""
+    limited_by: str | None = None
+    """pool when the pool, not the load, caps the replicas; load otherwise."""
+    signals: AutoscalingSignals | None = None
+    replicas_with_auto_cache: int | None = None
+    """Replicas the same KV-bound load would need with the uncompressed (auto) cache:
+    desired replicas times the planner's ratio (an fp8 cache holds twice the tokens)."""
+    scaled_object: str | None = None
+    """The KEDA ScaledObject kvq renders (same name as the InferenceService)."""
+
+
 class InferenceServiceStatus(KubeModel):
     """Observed state, decisions and their reasons."""
 
@@ -193,7 +232,7 @@ class InferenceServiceStatus(KubeModel):
         ),
     ] = Field(default_factory=list)
     """Ready, Reconciling, Stalled (kstatus), Placed, FallbackActive, Degraded,
-    CapacityMismatch."""
+    CapacityMismatch, Autoscaling."""
     effective: EffectiveStatus | None = None
     """What is actually rendered."""
     placement: PlacementStatus | None = None
@@ -204,6 +243,8 @@ class InferenceServiceStatus(KubeModel):
     """Fallback history."""
     metrics: MetricsStatus | None = None
     """Latest engine metrics."""
+    autoscaling: AutoscalingStatus | None = None
+    """Autoscaling: desired replicas, signals and limits (with spec.autoscaling)."""
     replicas: int | None = None
     """Engine pods that exist (the scale subresource's status.replicas)."""
     selector: str | None = None

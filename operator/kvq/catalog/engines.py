@@ -113,6 +113,7 @@ class EngineMetrics:
     requests_running: str = "vllm:num_requests_running"
     requests_waiting: str = "vllm:num_requests_waiting"
     preemptions: str = "vllm:num_preemptions_total"
+    requests_finished: str = "vllm:request_success_total"
     cache_config_info: str = "vllm:cache_config_info"
 
 

@@ -15,6 +15,7 @@ CONDITION_ORDER = (
     "FallbackActive",
     "Degraded",
     "CapacityMismatch",
+    "Autoscaling",
 )
 
 

@@ -19,7 +19,8 @@ from kvq.catalog.models import ModelArchitecture
 from kvq.decide.conditions import condition
 from kvq.decide.engines import EngineFindings, current_pods, examine_pods, tally_failures
 from kvq.decide.events import decision_events
-from kvq.decide.manifests import Rendered, render_rung
+from kvq.decide.autoscale import autoscale
+from kvq.decide.manifests import Rendered, owned_by, render_rung
 from kvq.decide.place import RungPlacement, place_rungs
 from kvq.decide.status import Decision, build_status
 from kvq.decide.types import ObjectRef, Plan, Snapshot
@@ -142,7 +143,11 @@ def decide(snap: Snapshot) -> Plan:
         )
     except RenderError as error:
         return _plan(snap, previous, replace(decision, blocked=("RenderFailed", str(error))))
-    decision = replace(decision, rendered=rendered)
+    scaled = autoscale(snap, chosen)
+    if scaled is not None and scaled.manifest is not None:
+        owned = owned_by(isvc, scaled.manifest)
+        rendered = replace(rendered, manifests=(*rendered.manifests, owned))
+    decision = replace(decision, rendered=rendered, autoscaled=scaled)
     plan = _plan(snap, previous, decision, rendered)
     return replace(plan, fetch_log_tails=findings.need_log_tails)
 

@@ -69,7 +69,7 @@ def render_rung(
         effective=effective,
         args=rendered.args,
         dropped=rendered.dropped,
-        manifests=tuple(_owned(isvc, m) for m in manifests),
+        manifests=tuple(owned_by(isvc, m) for m in manifests),
         pod_hash=pod_hash,
     )
 
@@ -87,7 +87,7 @@ def _rollout(
     if live is not None and _live_hash(deployment) == pod_hash:
         return live  # the pods are not changing: keep what is there
     # A surge replica needs a slot beyond the ones the service's replicas take.
-    return SURGE if verdict.slots > isvc.spec.replicas else ONE_AT_A_TIME
+    return SURGE if verdict.slots > isvc.spec.desired_replicas() else ONE_AT_A_TIME
 
 
 def _live_rollout(deployment: Mapping[str, Any] | None) -> Rollout | None:
@@ -125,7 +125,7 @@ def _pod_hash(manifests: list[Manifest]) -> str:
     return str(deployment["spec"]["template"]["metadata"]["annotations"][keys.ANNOTATION_SPEC_HASH])
 
 
-def _owned(isvc: InferenceService, manifest: Manifest) -> Manifest:
+def owned_by(isvc: InferenceService, manifest: Manifest) -> Manifest:
     """The manifest with namespace and a controller ownerReference (GC deletes children)."""
     metadata = dict(manifest["metadata"])
     metadata["namespace"] = isvc.metadata.namespace

@@ -68,7 +68,7 @@ def place_rungs(
             node_selector=spec.placement.node_selector,
             tolerations=spec.placement.tolerations,
             prefer=spec.placement.prefer,
-            replicas=spec.replicas,
+            replicas=spec.desired_replicas(),
             owner=owner,
             current_pool=current_pool,
             leave_current=leave_current,

@@ -26,6 +26,7 @@ from kvq.api.status import (
     InferenceServiceStatus,
     PlacementStatus,
 )
+from kvq.decide.autoscale import Autoscaled, signals_from
 from kvq.decide.conditions import ConditionUpdate, merge_conditions
 from kvq.decide.manifests import Rendered
 from kvq.decide.metrics import capacity_condition, metrics_status
@@ -68,6 +69,8 @@ class Decision:
     reset_at: datetime | None = None
     blocked: tuple[str, str] | None = None
     """(reason, message) when kvq cannot even plan: unknown engine version or model."""
+    autoscaled: Autoscaled | None = None
+    """The autoscaling outcome, with spec.autoscaling."""
 
 
 def build_status(
@@ -97,6 +100,12 @@ def build_status(
     mismatch = capacity_condition(metrics, capacity, effective)
     if mismatch is not None and _rolled_out(snap, decision):
         updates.append(mismatch)
+    autoscaling = previous.autoscaling if snap.isvc.spec.autoscaling else None
+    if decision.autoscaled is not None:
+        updates.append(decision.autoscaled.condition)
+        autoscaling = decision.autoscaled.status.model_copy(
+            update={"signals": signals_from(metrics)}
+        )
     placement = previous.placement
     if chosen is not None:
         placement = PlacementStatus.model_validate(
@@ -124,6 +133,7 @@ def build_status(
             reset_at=rfc3339(decision.reset_at) if decision.reset_at else None,
         ),
         metrics=metrics,
+        autoscaling=autoscaling,
         replicas=replicas,
         ready_replicas=ready_replicas,
         selector=",".join(f"{k}={v}" for k, v in sorted(selector_for(snap.isvc).items())),
@@ -141,7 +151,7 @@ def _active_rung(decision: Decision, stored: FallbackStatus | None) -> str | Non
 def _ready(snap: Snapshot, decision: Decision) -> ConditionUpdate:
     if decision.blocked or decision.exhausted:
         return ConditionUpdate("Ready", "False", "NotDeployable", _why_not(decision))
-    want = snap.isvc.spec.replicas
+    want = snap.isvc.spec.desired_replicas()
     ready = int((snap.deployment or {}).get("status", {}).get("readyReplicas") or 0)
     # A failing engine outranks the Deployment's counts, which lag the pods: Ready must
     # never say True while Stalled says a person is needed (kstatus would read Failed).
@@ -151,7 +161,7 @@ def _ready(snap: Snapshot, decision: Decision) -> ConditionUpdate:
         )
     if _rolled_out(snap, decision):
         if want == 0:
-            return ConditionUpdate("Ready", "True", "ScaledToZero", "spec.replicas is 0.")
+            return ConditionUpdate("Ready", "True", "ScaledToZero", "No replica is asked for.")
         rendered = decision.rendered
         assert rendered is not None and decision.placement is not None
         pool = decision.placement.choice.chosen
@@ -207,7 +217,7 @@ def _rolled_out(snap: Snapshot, decision: Decision) -> bool:
     """Every replica runs the current rendering and is available."""
     if decision.rendered is None:
         return False
-    want = snap.isvc.spec.replicas
+    want = snap.isvc.spec.desired_replicas()
     deployment = snap.deployment or {}
     template = deployment.get("spec", {}).get("template", {}).get("metadata", {})
     live_hash = (template.get("annotations") or {}).get(keys.ANNOTATION_SPEC_HASH)

@@ -14,6 +14,7 @@ from kvq.catalog.models import ModelCatalog
 from kvq.decide.metrics import EngineReading
 from kvq.fallback.ladder import LadderPolicy
 from kvq.placement.discovery import DEFAULT_POOL_LABELS, GpuPod
+from kvq.render.autoscaling import PrometheusAccess
 
 Manifest = dict[str, Any]
 
@@ -39,6 +40,8 @@ class OperatorConfig:
     metrics_min_interval: timedelta = timedelta(seconds=60)
     ladder: LadderPolicy = field(default_factory=LadderPolicy)
     """Repeats, back-offs and the grace period of the fallback ladder and placement."""
+    autoscaling_prometheus: PrometheusAccess | None = None
+    """Where KEDA reads the engine signals; None: the operator has no Prometheus."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class Snapshot:
     """Pod name -> bounded tail of its previous container's log, when the executor fetched it."""
     engine_metrics: EngineReading | None = None
     """The engines' latest metrics from Prometheus, when the operator has a Prometheus."""
+    keda: bool = False
+    """KEDA's ScaledObject API is served (autoscaling can be rendered)."""
     owned: Sequence[Mapping[str, Any]] = ()
     """Live objects this InferenceService controls (ConfigMap, Deployment, Service, PDB);
     the ones kvq no longer renders are deleted."""

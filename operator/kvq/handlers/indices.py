@@ -46,6 +46,8 @@ OWNED_INDICES: dict[str, tuple[str, str, str]] = {
     "kvq_deployments": ("apps", "v1", "deployments"),
     "kvq_services": ("", "v1", "services"),
     "kvq_pdbs": ("policy", "v1", "poddisruptionbudgets"),
+    # KEDA's, when it is installed (kopf watches it once its CRD appears).
+    "kvq_scaledobjects": ("keda.sh", "v1alpha1", "scaledobjects"),
 }
 
 

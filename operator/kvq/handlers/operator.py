@@ -36,8 +36,9 @@ from kvq.handlers.controller import (
 from kvq.handlers.reconcile import Observed, Runtime, reconcile
 from kvq.k8s.clients import Clients, load_api_client
 from kvq.metrics import serve_metrics
-from kvq.observe.prometheus import PrometheusReader, min_query_gap
+from kvq.observe.prometheus import PrometheusReader, min_query_gap, without_credentials
 from kvq.placement.discovery import DEFAULT_POOL_LABELS
+from kvq.render.autoscaling import PrometheusAccess
 
 DEFAULT_METRICS_PORT = 8080
 DEFAULT_METRICS_INTERVAL = 60.0
@@ -68,6 +69,10 @@ class RunOptions:
     pool_labels: tuple[str, ...] = ()
     """Node labels naming a GPU pool, tried in order; kvq's defaults when empty."""
     ladder: LadderPolicy = field(default_factory=LadderPolicy)
+    autoscaling_prometheus_url: str | None = None
+    """Where KEDA reads the engine signals; default: --prometheus-url without credentials."""
+    autoscaling_authentication: str | None = None
+    """A KEDA ClusterTriggerAuthentication holding Prometheus' credentials, by name."""
     peering_lifetime: int = DEFAULT_PEERING_LIFETIME
     """Seconds a replica's peering record lives without a heartbeat: how long a standby
     waits before taking over from a replica that died without saying goodbye."""
@@ -96,6 +101,7 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
         pool_labels=pool_labels,
         metrics_min_interval=timedelta(seconds=options.metrics_interval),
         ladder=options.ladder,
+        autoscaling_prometheus=_autoscaling_prometheus(options),
     )
     controller = Controller(
         workers=options.workers,
@@ -120,6 +126,14 @@ def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
     controller: Controller | None = memo.get("controller")
     if controller is not None:
         controller.stop()
+
+
+def _autoscaling_prometheus(options: RunOptions) -> PrometheusAccess | None:
+    url = options.autoscaling_prometheus_url or options.prometheus_url
+    if not url:
+        return None
+    # Trigger metadata is not a secret: credentials go through a TriggerAuthentication.
+    return PrometheusAccess(without_credentials(url), options.autoscaling_authentication)
 
 
 def _metrics_reader(options: RunOptions, config: OperatorConfig) -> PrometheusReader | None:

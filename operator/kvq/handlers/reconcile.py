@@ -29,7 +29,10 @@ from kvq.k8s.status import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 from kvq.observe.prometheus import PrometheusReader
 from kvq.placement.discovery import GpuPod
+from kvq.render.autoscaling import SCALED_OBJECT_API, SCALED_OBJECT_KIND
 from kvq.render.settings import RenderError, engine_image_and_version
+
+KEDA_RECHECK_S = 300.0
 
 
 @dataclass
@@ -42,6 +45,17 @@ class Runtime:
     metrics_reader: PrometheusReader | None = None
     """Engine metrics for status.metrics; None when the operator has no Prometheus."""
     memory: Memory = field(default_factory=Memory)
+    _keda: tuple[float, bool] | None = None
+
+    def keda(self) -> bool:
+        """KEDA's ScaledObject API is served; a "no" is asked again after a while (KEDA may be
+        installed after kvq), a "yes" is kept."""
+        now = time.monotonic()
+        if self._keda is not None and (self._keda[1] or now - self._keda[0] < KEDA_RECHECK_S):
+            return self._keda[1]
+        served = self.clients.serves(SCALED_OBJECT_API, SCALED_OBJECT_KIND)
+        self._keda = (now, served)
+        return served
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,7 @@ def _reconcile_valid(
         config=runtime.config,
         owned=owned,
         engine_metrics=_engine_metrics(runtime, isvc, deployment),
+        keda=runtime.keda() if isvc.spec.autoscaling is not None else False,
     )
     plan = _timed_decide(snapshot)
     if plan.fetch_log_tails:

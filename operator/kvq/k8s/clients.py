@@ -54,3 +54,17 @@ class Clients:
 
     def resource(self, api_version: str, kind: str) -> Any:
         return self.dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Is `kind` served (a CRD installed)? Asked again after a miss: discovery is cached."""
+        from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+        try:
+            self.resource(api_version, kind)
+        except ResourceNotFoundError:
+            self.dynamic.resources.invalidate_cache()
+            try:
+                self.resource(api_version, kind)
+            except ResourceNotFoundError:
+                return False
+        return True

@@ -39,6 +39,15 @@ class _Cached:
     reading: EngineReading | None
 
 
+def without_credentials(url: str) -> str:
+    """`url` without user, password, query or fragment: safe to log or to hand to KEDA."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host  # IPv6 literal
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
 class PrometheusReader:
     """Reads EngineReadings for InferenceServices from one Prometheus."""
 
@@ -52,10 +61,7 @@ class PrometheusReader:
     ) -> None:
         parts = urlsplit(url)
         auth = (parts.username or "", parts.password or "") if parts.username else None
-        host = parts.hostname or ""
-        host = f"[{host}]" if ":" in host else host  # IPv6 literal
-        netloc = f"{host}:{parts.port}" if parts.port else host
-        clean = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+        clean = without_credentials(url)
         self.url = clean
         """The URL without credentials: safe to log."""
         self._client = PrometheusConnect(

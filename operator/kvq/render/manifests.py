@@ -91,7 +91,7 @@ def render_manifests(
         _deployment(isvc, pool, effective, rollout, pod_annotations or {}),
         _service(isvc),
     ]
-    if isvc.spec.replicas > 1:
+    if isvc.spec.desired_replicas() > 1:
         objects.append(_pod_disruption_budget(isvc))
     return objects
 
@@ -138,7 +138,7 @@ def _deployment(
         "kind": "Deployment",
         "metadata": _metadata(isvc, isvc.metadata.name),
         "spec": {
-            "replicas": isvc.spec.replicas,
+            "replicas": isvc.spec.desired_replicas(),
             "selector": {"matchLabels": selector_for(isvc)},
             "strategy": {
                 "type": "RollingUpdate",

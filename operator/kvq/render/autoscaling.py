@@ -1,0 +1,189 @@
+"""The KEDA ScaledObject of an autoscaled InferenceService.
+
+KEDA scales the InferenceService itself, through its scale subresource: the HPA it creates
+writes spec.replicas, and kvq runs that many engines. Every trigger is a Prometheus query
+that selects exactly this service's engines by kvq's label contract (`namespace`, and
+`service` = the engine Service, named after the InferenceService), summed over the
+replicas, against a per-replica threshold (AverageValue): the HPA's desired count is then
+ceil(sum / threshold). Metric names follow the engine version (the catalog).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kvq.api.models import API_VERSION, KIND, InferenceService
+from kvq.catalog.engines import EngineMetrics
+from kvq.render.manifests import labels_for
+
+SCALED_OBJECT_API = "keda.sh/v1alpha1"
+SCALED_OBJECT_KIND = "ScaledObject"
+# KEDA's threshold and activation values are strings; the HPA compares milli-units.
+_DECIMALS = 3
+ACTIVITY_ONLY = 1_000_000.0
+
+
+@dataclass(frozen=True)
+class PrometheusAccess:
+    """How KEDA reaches the Prometheus that scrapes the engines."""
+
+    server_address: str
+    """A URL without credentials (KEDA's trigger metadata is not a secret)."""
+    authentication: str | None = None
+    """A ClusterTriggerAuthentication with Prometheus' credentials, by name, if it needs any."""
+
+
+def render_scaled_object(
+    isvc: InferenceService,
+    *,
+    metrics: EngineMetrics,
+    prometheus: PrometheusAccess,
+    concurrency: float | None,
+    max_replicas: int,
+) -> dict[str, Any]:
+    """The ScaledObject for `isvc` (which must have spec.autoscaling).
+
+    `concurrency`: the sequences one replica holds at maxModelLen (the plan of the rung
+    that runs), for the running-fraction target. `max_replicas`: spec's maxReplicas, or
+    fewer when the pool cannot hold that many.
+    """
+    auto = isvc.spec.autoscaling
+    assert auto is not None, "render_scaled_object needs spec.autoscaling"
+    namespace = isvc.metadata.namespace or ""
+    selector = f'namespace="{namespace}",service="{isvc.metadata.name}"'
+    triggers: list[dict[str, Any]] = []
+    targets = auto.targets
+    if targets.kv_cache_usage is not None:
+        triggers.append(
+            _trigger(
+                "kv-cache-usage",
+                f"sum({metrics.kv_cache_usage}{{{selector}}})",
+                targets.kv_cache_usage,
+                prometheus,
+            )
+        )
+    if targets.requests_waiting is not None:
+        triggers.append(
+            _trigger(
+                "requests-waiting",
+                f"sum({metrics.requests_waiting}{{{selector}}})",
+                targets.requests_waiting,
+                prometheus,
+            )
+        )
+    if targets.running_fraction is not None and concurrency:
+        triggers.append(
+            _trigger(
+                "requests-running",
+                f"sum({metrics.requests_running}{{{selector}}})",
+                max(targets.running_fraction * concurrency, 10**-_DECIMALS),
+                prometheus,
+            )
+        )
+    spec: dict[str, Any] = {
+        "scaleTargetRef": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": isvc.metadata.name,
+        },
+        "pollingInterval": auto.polling_seconds,
+        "cooldownPeriod": auto.cooldown_seconds,
+        "minReplicaCount": max(auto.min_replicas, 1),
+        "maxReplicaCount": max(max_replicas, 1),
+        # When KEDA cannot read the signals (Prometheus down), serve at the ceiling rather
+        # than guess: never scale a busy service down on missing data.
+        "fallback": {"failureThreshold": 3, "replicas": max(max_replicas, 1)},
+        "advanced": {
+            "horizontalPodAutoscalerConfig": {
+                "behavior": {
+                    "scaleDown": {
+                        "stabilizationWindowSeconds": auto.scale_down_stabilization_seconds
+                    }
+                }
+            }
+        },
+        "triggers": triggers,
+    }
+    if auto.min_replicas == 0:
+        # Scale to zero only after idleSeconds without a request: an activity trigger that
+        # counts requests finished, running or queued in that window.
+        spec["idleReplicaCount"] = 0
+        window = f"{auto.idle_seconds}s"
+        activity = (
+            f"sum(increase({metrics.requests_finished}{{{selector}}}[{window}])) "
+            f"+ sum({metrics.requests_running}{{{selector}}}) "
+            f"+ sum({metrics.requests_waiting}{{{selector}}})"
+        )
+        # The threshold is out of reach on purpose: this trigger decides activity only,
+        # never how many replicas.
+        triggers.append(_trigger("activity", activity, ACTIVITY_ONLY, prometheus, activation=0.0))
+    return {
+        "apiVersion": SCALED_OBJECT_API,
+        "kind": SCALED_OBJECT_KIND,
+        "metadata": {
+            "name": isvc.metadata.name,
+            **({"namespace": namespace} if namespace else {}),
+            "labels": labels_for(isvc),
+            "annotations": {
+                # KEDA would otherwise fight kvq over who may scale the target.
+                "scaledobject.keda.sh/transfer-hpa-ownership": "true",
+            },
+        },
+        "spec": spec,
+    }
+
+
+def replicas_with_auto_cache(replicas: int, ratio_vs_auto: float | None) -> int | None:
+    """Replicas a KV-bound load would need with the auto cache: fp8 holds `ratio` times the
+    tokens, so the same load spread over auto replicas needs that many times more."""
+    if ratio_vs_auto is None or replicas <= 0:
+        return None
+    # Tenths: block rounding makes the ratio 2.001 or 1.999, not a twentieth replica.
+    return math.ceil(round(replicas * max(ratio_vs_auto, 1.0), 1))
+
+
+def _trigger(
+    name: str,
+    query: str,
+    threshold: float,
+    prometheus: PrometheusAccess,
+    *,
+    activation: float | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, str] = {
+        "serverAddress": prometheus.server_address,
+        "query": query,
+        "threshold": _number(threshold),
+        # A new service has no series yet: that is zero load, not an error.
+        "ignoreNullValues": "true",
+    }
+    if activation is not None:
+        metadata["activationThreshold"] = _number(activation)
+    trigger: dict[str, Any] = {
+        "type": "prometheus",
+        "name": name,
+        "metricType": "AverageValue",
+        "metadata": metadata,
+    }
+    if prometheus.authentication:
+        trigger["authenticationRef"] = {
+            "name": prometheus.authentication,
+            "kind": "ClusterTriggerAuthentication",
+        }
+    return trigger
+
+
+def _number(value: float) -> str:
+    rounded = round(value, _DECIMALS)
+    return str(int(rounded)) if float(rounded).is_integer() else f"{rounded:g}"
+
+
+__all__ = [
+    "SCALED_OBJECT_API",
+    "SCALED_OBJECT_KIND",
+    "PrometheusAccess",
+    "render_scaled_object",
+    "replicas_with_auto_cache",
+]
