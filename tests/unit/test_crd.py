@@ -67,7 +67,16 @@ def test_crd_shape_for_kubectl() -> None:
         },
     }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Model", "Requested", "Effective", "Pool", "Replicas", "Ready", "Age"]
+    assert columns == [
+        "Model",
+        "Requested",
+        "Effective",
+        "Pool",
+        "Replicas",
+        "Tiers",
+        "Ready",
+        "Age",
+    ]
     conditions = openapi_schema()["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]

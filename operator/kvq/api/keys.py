@@ -12,6 +12,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_INFERENCESERVICE = f"{GROUP}/inferenceservice"
 
 NAME_VALUE = "vllm"
+# Extra tiers' pods: another name, so the default tier's (immutable) selector never takes them.
+TIER_NAME_VALUE = "vllm-tier"
+LABEL_TIER = f"{GROUP}/tier"
 COMPONENT_ENGINE = "engine"
 MANAGED_BY_VALUE = "kvq"
 

@@ -9,6 +9,7 @@ from pydantic import Field
 from kvq.api.base import KubeModel
 
 ConditionType = Literal[
+    "Routing",
     "Ready",
     "Reconciling",
     "Stalled",
@@ -217,6 +218,41 @@ class AutoscalingStatus(KubeModel):
     """The KEDA ScaledObject kvq renders (same name as the InferenceService)."""
 
 
+class TierStatus(KubeModel):
+    """One extra tier: its own placement, ladder, capacity and readiness."""
+
+    name: str
+    """The tier's name (spec.tiers[].name)."""
+    conditions: Annotated[
+        list[Condition],
+        Field(
+            json_schema_extra={
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+        ),
+    ] = Field(default_factory=list)
+    """The tier's Ready, Reconciling, Stalled, Placed, FallbackActive and Degraded."""
+    effective: EffectiveStatus | None = None
+    placement: PlacementStatus | None = None
+    capacity: CapacityStatus | None = None
+    fallback: FallbackStatus | None = None
+    autoscaling: AutoscalingStatus | None = None
+    replicas: int | None = None
+    """The tier's engine pods."""
+    ready_replicas: int | None = None
+    """The tier's ready engine pods."""
+
+
+class RoutingStatus(KubeModel):
+    """The HTTPRoute kvq renders, and how the Gateway took it."""
+
+    route: str | None = None
+    """The HTTPRoute's name."""
+    backends: list[str] = Field(default_factory=list)
+    """Where each match goes, e.g. `x-kvq-tier: critical -> Service llama-critical`."""
+
+
 class InferenceServiceStatus(KubeModel):
     """Observed state, decisions and their reasons."""
 
@@ -245,6 +281,20 @@ class InferenceServiceStatus(KubeModel):
     """Latest engine metrics."""
     autoscaling: AutoscalingStatus | None = None
     """Autoscaling: desired replicas, signals and limits (with spec.autoscaling)."""
+    tiers: Annotated[
+        list[TierStatus],
+        Field(
+            json_schema_extra={
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
+        ),
+    ] = Field(default_factory=list)
+    """The extra tiers (spec.tiers), each decided on its own."""
+    tiers_ready: str | None = None
+    """Tiers ready of all tiers, the default included (e.g. 2/2)."""
+    routing: RoutingStatus | None = None
+    """The route through the Gateway (with spec.routing)."""
     replicas: int | None = None
     """Engine pods that exist (the scale subresource's status.replicas)."""
     selector: str | None = None

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvq.api.spec import TierSpec
 from kvq.api.status import AutoscalingSignals, AutoscalingStatus, MetricsStatus
 from kvq.decide.conditions import ConditionUpdate
 from kvq.decide.types import Manifest, Snapshot
@@ -31,8 +32,11 @@ class Autoscaled:
     status: AutoscalingStatus
 
 
-def autoscale(snap: Snapshot, verdict: PoolVerdict) -> Autoscaled | None:
-    """The autoscaling outcome, or None when the spec asks for none."""
+def autoscale(
+    snap: Snapshot, verdict: PoolVerdict, tier: TierSpec | None = None
+) -> Autoscaled | None:
+    """The autoscaling outcome, or None when the spec asks for none. An extra tier's
+    ScaledObject scales the tier's Deployment (the scale subresource is the default's)."""
     isvc = snap.isvc
     auto = isvc.spec.autoscaling
     if auto is None:
@@ -84,6 +88,7 @@ def autoscale(snap: Snapshot, verdict: PoolVerdict) -> Autoscaled | None:
         prometheus=prometheus,
         concurrency=plan.max_concurrency if plan else None,
         max_replicas=auto.max_replicas,
+        tier=tier,
     )
     status = status.model_copy(update={"scaled_object": manifest["metadata"]["name"]})
     return Autoscaled(manifest, _condition(snap, status, pool_max, auto.max_replicas), status)

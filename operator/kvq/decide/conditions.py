@@ -16,6 +16,7 @@ CONDITION_ORDER = (
     "Degraded",
     "CapacityMismatch",
     "Autoscaling",
+    "Routing",
 )
 
 

@@ -1,260 +1,278 @@
 """decide(): one InferenceService's snapshot in, the plan to carry out.
 
-Three pure steps: place every rung on the pools (decide.place), move the ladder on the
-evidence of the current rung's engines (fallback.ladder.climb), render the rung in force
-once (decide.manifests); then status and events. Every move is recorded in status, so
-the same snapshot decided twice gives the same plan, and a plan already carried out gives
-one with nothing new to write.
+The default tier (the spec itself) and every extra tier (spec.tiers) are decided on their
+own, each with its placement, ladder and status (decide.workload); the route through a
+Gateway joins them (decide.routing). The service's own conditions speak for all tiers:
+Ready only when every tier is, Stalled when any tier needs a person.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
+from typing import Any
 
 from kvq.api import keys
-from kvq.api.status import InferenceServiceStatus
-from kvq.catalog.engines import EngineCapability, EngineVersionError
-from kvq.catalog.models import ModelArchitecture
-from kvq.decide.conditions import condition
-from kvq.decide.engines import EngineFindings, current_pods, examine_pods, tally_failures
-from kvq.decide.events import decision_events
-from kvq.decide.autoscale import autoscale
-from kvq.decide.manifests import Rendered, owned_by, render_rung
-from kvq.decide.place import RungPlacement, place_rungs
-from kvq.decide.status import Decision, build_status
-from kvq.decide.types import ObjectRef, Plan, Snapshot
-from kvq.fallback.classifier import Action
-from kvq.fallback.key import ladder_key
-from kvq.fallback.ladder import (
-    NONE,
-    LadderInput,
-    Rung,
-    RuntimeVerdict,
-    climb,
-)
-from kvq.placement.discovery import discover_pools
-from kvq.planner.architecture import UnknownModelError, resolve_architecture
-from kvq.render import RenderError
-from kvq.render.settings import engine_image_and_version
+from kvq.api.models import InferenceService
+from kvq.api.spec import TierSpec
+from kvq.api.status import Condition, InferenceServiceStatus, TierStatus
+from kvq.decide.conditions import ConditionUpdate, condition, merge_conditions
+from kvq.decide.manifests import owned_by
+from kvq.decide.routing import ROUTE_KINDS, route
+from kvq.decide.types import EventSpec, ObjectRef, Plan, Snapshot
+from kvq.decide.workload import decide_workload
+from kvq.fallback.ladder import rfc3339
+from kvq.render.manifests import workload_name
 
-# Why the service waits (Placed=False): the condition's reason the grace period counts from.
-WAITING = "WaitingForCapacity"
+# Conditions kvq writes only while the spec asks for what they describe.
+_OPTIONAL = {"Autoscaling": "autoscaling", "Routing": "routing"}
 
 
 def decide(snap: Snapshot) -> Plan:
     isvc = snap.isvc
+    spec = isvc.spec
     previous = isvc.status or InferenceServiceStatus()
-    try:
-        capability, arch = _engine_and_model(snap)
-    except (RenderError, EngineVersionError, UnknownModelError) as error:
-        reason = "ModelUnknown" if isinstance(error, UnknownModelError) else "EngineUnsupported"
-        return _plan(snap, previous, Decision(blocked=(reason, str(error))))
+    default = decide_workload(_view(snap, None, previous))
+    tiered = [
+        (tier, decide_workload(_view(snap, tier, _stored_tier(previous, tier.name)), tier))
+        for tier in spec.tiers
+    ]
+    routed = route(snap, spec.tiers)
+    if not tiered and routed.condition is None and not previous.tiers and not _leftovers(snap):
+        return _without_stale(snap, previous, default)
+    return _join(snap, previous, default, tiered, routed)
 
-    key = ladder_key(isvc.spec)
-    stored = previous.fallback
-    same_key = stored is not None and stored.key == key
-    current = _current_rung(previous) if same_key else None
-    waiting_since = _waiting_since(previous)
-    grace = snap.config.ladder.grace
-    expired = waiting_since is not None and snap.now - waiting_since >= grace
-    current_pool = previous.placement.pool if previous.placement else None
 
-    # Step 1: the pools, for every rung. The current pods' scheduling troubles are part of
-    # whether the current pool can run the service now.
-    first = _findings(snap, key, current, current_pool)
-    placements = place_rungs(
-        isvc,
-        discover_pools(snap.nodes, snap.catalogs.gpus, snap.config.pool_labels, snap.gpu_pods),
-        capability,
-        arch,
-        current_pool=current_pool,
-        leave_current=expired,
-        unschedulable=first.unschedulable,
+def _view(snap: Snapshot, tier: TierSpec | None, stored: InferenceServiceStatus) -> Snapshot:
+    """The snapshot one workload sees: its spec, its stored status, its pods and objects."""
+    isvc = snap.isvc
+    name = workload_name(isvc, tier)
+    mine = tier.name if tier else None
+    owned = [o for o in snap.owned if _tier_of(o) == mine and o.get("kind") not in ROUTE_KINDS]
+    view = replace(snap, pods=[p for p in snap.pods if _tier_of(p) == mine], owned=owned)
+    if tier is None:
+        return view  # the reconcile found the default tier's Deployment already
+    spec = isvc.spec.model_copy(
+        update={
+            "kv_cache": tier.kv_cache,
+            "replicas": tier.replicas,
+            "autoscaling": tier.autoscaling,
+            "tiers": [],
+            "routing": None,
+        }
     )
-
-    # Step 2: the ladder, on the evidence of the current rung's engines.
-    findings = first
-    if current is not None and placements[current].state.pool != current_pool:
-        findings = _findings(snap, key, current, placements[current].state.pool)
-    tally = None
-    if current is not None:
-        tally = tally_failures(
-            stored.tally if stored else None,
-            findings,
-            key=key,
-            rung=current,
-            pool=placements[current].state.pool,
-        )
-    verdict = _runtime_verdict(snap, findings, tally)
-    retry_token = isvc.metadata.annotations.get(keys.ANNOTATION_RETRY)
-    by_hand = retry_token is not None and retry_token != (stored.retry_token if stored else None)
-    reset_at = snap.now if by_hand else _reset_at(previous)
-    position = climb(
-        LadderInput(
-            requested_dtype=isvc.spec.kv_cache.dtype,
-            rungs=isvc.spec.fallback.rungs,
-            enabled=isvc.spec.fallback.enabled,
-            key=key,
-            generation=isvc.metadata.generation or 1,
-            now=snap.now,
-            states={rung: p.state for rung, p in placements.items()},
-            history=stored.attempts if stored else [],
-            current=current,
-            waiting_since=waiting_since,
-            reset_at=reset_at,
-            verdict=verdict,
-            policy=snap.config.ladder,
-            by_hand=by_hand,
-        )
+    derived = isvc.model_copy(update={"spec": spec, "status": stored})
+    deployment = next(
+        (o for o in owned if o.get("kind") == "Deployment" and o["metadata"]["name"] == name),
+        None,
     )
-    moved = bool(position.moves) or position.rung != current
-    decision = Decision(
-        key=key,
-        rung=position.rung,
-        placement=placements[position.rung] if position.rung else None,
-        waiting=position.waiting,
-        ladder_reason=position.reason,
-        exhausted=position.rung is None,
-        moves=position.moves,
-        failure=None if (position.moves and verdict is not None) else findings.failure,
-        fallback_disabled=not isvc.spec.fallback.enabled,
-        tally=None if moved else tally,
-        retry_token=retry_token,
-        reset_at=reset_at,
-        rung_of_failure=current,
-    )
-    if position.rung is None:
-        return _plan(snap, previous, decision)
-
-    # Step 3: render the rung in force, once.
-    chosen = placements[position.rung].choice.chosen
-    if chosen is None:
-        # The pool is gone for now (scaled to zero?): what runs stays as it is.
-        return replace(_plan(snap, previous, decision), keep_live=True, recheck_after=grace)
-    try:
-        rendered = render_rung(
-            isvc,
-            placements[position.rung],
-            chosen,
-            key=key,
-            catalogs=snap.catalogs,
-            deployment=snap.deployment,
-        )
-    except RenderError as error:
-        return _plan(snap, previous, replace(decision, blocked=("RenderFailed", str(error))))
-    scaled = autoscale(snap, chosen)
-    if scaled is not None and scaled.manifest is not None:
-        owned = owned_by(isvc, scaled.manifest)
-        rendered = replace(rendered, manifests=(*rendered.manifests, owned))
-    decision = replace(decision, rendered=rendered, autoscaled=scaled)
-    plan = _plan(snap, previous, decision, rendered)
-    return replace(plan, fetch_log_tails=findings.need_log_tails)
+    # Engine metrics are read per service; an extra tier's are not in status.metrics.
+    return replace(view, isvc=derived, deployment=deployment, engine_metrics=None)
 
 
-def _engine_and_model(snap: Snapshot) -> tuple[EngineCapability, ModelArchitecture]:
-    version = engine_image_and_version(snap.isvc)[1]
-    capability = snap.catalogs.engines.capability(version)
-    arch = resolve_architecture(snap.isvc.spec.model, snap.catalogs.models)
-    return capability, arch
-
-
-def _current_rung(status: InferenceServiceStatus) -> Rung | None:
-    """The rung the stored status says runs (None before the first decision, or when none
-    could run)."""
-    active = status.fallback.active_rung if status.fallback else None
-    return Rung(active) if active and active != NONE else None
-
-
-def _waiting_since(status: InferenceServiceStatus) -> datetime | None:
-    placed = condition(status.conditions, "Placed")
-    if placed is None or placed.status != "False" or placed.reason != WAITING:
-        return None
-    return _when(placed.last_transition_time)
-
-
-def _reset_at(status: InferenceServiceStatus) -> datetime | None:
-    stored = status.fallback.reset_at if status.fallback else None
-    return _when(stored) if stored else None
-
-
-def _findings(snap: Snapshot, key: str, rung: Rung | None, pool: str | None) -> EngineFindings:
-    if rung is None:
-        return EngineFindings()
-    dtype = snap.isvc.spec.kv_cache.dtype if rung is Rung.REQUESTED else "auto"
-    return examine_pods(
-        current_pods(snap.pods, key, rung, pool), kv_cache_dtype=dtype, log_tails=snap.log_tails
+def _stored_tier(previous: InferenceServiceStatus, name: str) -> InferenceServiceStatus:
+    found = next((t for t in previous.tiers if t.name == name), None)
+    if found is None:
+        return InferenceServiceStatus()
+    return InferenceServiceStatus(
+        conditions=found.conditions,
+        effective=found.effective,
+        placement=found.placement,
+        capacity=found.capacity,
+        fallback=found.fallback,
+        autoscaling=found.autoscaling,
     )
 
 
-def _runtime_verdict(
-    snap: Snapshot, findings: EngineFindings, tally: object
-) -> RuntimeVerdict | None:
-    """A move the engines' evidence forces: a refusal now, an unknown crash once repeated."""
-    failure = findings.failure
-    if failure is None or not snap.isvc.spec.fallback.enabled:
-        return None
-    if failure.action is Action.FALLBACK:
-        return RuntimeVerdict("Refused", failure.reason, failure.excerpt)
-    repeats = snap.config.ladder.suspect_repeats
-    count = getattr(tally, "count", 0)
-    if failure.action is Action.FALLBACK_AFTER_REPEATS and count >= repeats:
-        reason = f"{failure.reason.rstrip('.')} (the same crash {count} times)."
-        return RuntimeVerdict("Suspect", reason, failure.excerpt)
-    return None
-
-
-def _plan(
+def _join(
     snap: Snapshot,
     previous: InferenceServiceStatus,
-    decision: Decision,
-    rendered: Rendered | None = None,
+    default: Plan,
+    tiered: Sequence[tuple[TierSpec, Plan]],
+    routed: Any,
 ) -> Plan:
-    status = build_status(snap, previous, decision)
-    events = decision_events(previous, status, decision.moves)
-    objects = rendered.manifests if rendered else ()
-    wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
-    # Only prune when kvq renders a full set: a blocked decision keeps what is running.
-    delete = (
-        tuple(
-            ObjectRef(o["apiVersion"], o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])
-            for o in snap.owned
-            if (o["kind"], o["metadata"]["name"]) not in wanted
-        )
-        if objects
-        else ()
+    isvc = snap.isvc
+    status = InferenceServiceStatus.model_validate(default.status)
+    tiers = [_tier_status(tier, plan) for tier, plan in tiered]
+    ready = [_is_ready(status.conditions)] + [_is_ready(t.conditions) for t in tiers]
+    updates = _overall(status.conditions, tiers)
+    if routed.condition is not None:
+        updates.append(routed.condition)
+    conditions = _merged(previous.conditions, status.conditions, updates, snap)
+    status = status.model_copy(
+        update={
+            "conditions": _applicable(conditions, isvc),
+            "tiers": tiers,
+            "tiers_ready": f"{sum(ready)}/{len(ready)}" if tiers else None,
+            "routing": routed.status,
+        }
     )
+    events = list(default.events)
+    for tier, plan in tiered:
+        events += [replace(e, message=f"Tier {tier.name}: {e.message}") for e in plan.events]
+    events += _routing_events(previous, status)
+    routing = tuple(owned_by(isvc, m) for m in routed.manifests)
+    apply = (*default.apply, *(m for _, plan in tiered for m in plan.apply), *routing)
     return Plan(
-        apply=objects,
-        delete=delete,
+        apply=apply,
+        delete=(
+            *default.delete,
+            *(ref for _, plan in tiered for ref in plan.delete),
+            *_leftovers(snap, wanted=routing),
+        ),
         status=status.to_kube(),
-        events=events,
-        recheck_after=_recheck_after(snap, decision),
-        status_first=bool(decision.moves),
+        events=tuple(events),
+        fetch_log_tails=tuple(
+            dict.fromkeys(
+                [*default.fetch_log_tails, *(p for _, plan in tiered for p in plan.fetch_log_tails)]
+            )
+        ),
+        recheck_after=_soonest(
+            [default.recheck_after, *(plan.recheck_after for _, plan in tiered)]
+        ),
+        status_first=default.status_first or any(plan.status_first for _, plan in tiered),
     )
 
 
-def _recheck_after(snap: Snapshot, decision: Decision) -> timedelta | None:
-    """When time alone changes the decision: a grace period or a back-off ends."""
-    moments: list[datetime] = []
-    stored = snap.isvc.status.fallback if snap.isvc.status else None
-    if decision.waiting:
-        since = _waiting_since(snap.isvc.status or InferenceServiceStatus()) or snap.now
-        moments.append(since + snap.config.ladder.grace)
-    retries = [
-        _when(a.retry_after)
-        for a in [*(stored.attempts if stored else []), *decision.moves]
-        if a.key == decision.key and a.retry_after
+def _tier_status(tier: TierSpec, plan: Plan) -> TierStatus:
+    found = InferenceServiceStatus.model_validate(plan.status)
+    return TierStatus(
+        name=tier.name,
+        conditions=found.conditions,
+        effective=found.effective,
+        placement=found.placement,
+        capacity=found.capacity,
+        fallback=found.fallback,
+        autoscaling=found.autoscaling,
+        replicas=found.replicas,
+        ready_replicas=found.ready_replicas,
+    )
+
+
+def _overall(own: Sequence[Condition], tiers: Sequence[TierStatus]) -> list[ConditionUpdate]:
+    """The service's Ready, Reconciling and Stalled when extra tiers have their say."""
+    updates: list[ConditionUpdate] = []
+    stalled_tier = next(
+        (
+            (t, c)
+            for t in tiers
+            if (c := condition(t.conditions, "Stalled")) is not None and c.status == "True"
+        ),
+        None,
+    )
+    unready = [t for t in tiers if not _is_ready(t.conditions)]
+    own_stalled = condition(own, "Stalled")
+    stalled = stalled_tier is not None or (own_stalled is not None and own_stalled.status == "True")
+    if stalled_tier is not None and not (own_stalled and own_stalled.status == "True"):
+        tier, found = stalled_tier
+        updates.append(
+            ConditionUpdate("Stalled", "True", found.reason, f"Tier {tier.name}: {found.message}")
+        )
+    if unready and _is_ready(own):
+        first = unready[0]
+        ready = condition(first.conditions, "Ready")
+        why = ready.message if ready else "not decided yet"
+        updates.append(
+            ConditionUpdate("Ready", "False", "TierNotReady", f"Tier {first.name}: {why}")
+        )
+        if not stalled:
+            updates.append(
+                ConditionUpdate(
+                    "Reconciling", "True", "TierReconciling", f"Tier {first.name}: {why}"
+                )
+            )
+    if stalled:
+        updates.append(ConditionUpdate("Reconciling", "False", "Stalled", "A person is needed."))
+    return updates
+
+
+def _merged(
+    stored: Sequence[Condition],
+    computed: Sequence[Condition],
+    updates: Sequence[ConditionUpdate],
+    snap: Snapshot,
+) -> list[Condition]:
+    """`computed`, with `updates` on top; an update keeps the stored transition time when
+    the stored condition already had its status."""
+    generation = snap.isvc.metadata.generation or 1
+    final = {c.type: c for c in computed}
+    for update in updates:
+        (merged,) = [
+            c
+            for c in merge_conditions(
+                stored, [update], generation=generation, now=rfc3339(snap.now)
+            )
+            if c.type == update.type
+        ]
+        final[update.type] = merged
+    return merge_conditions(list(final.values()), [], generation=generation, now=rfc3339(snap.now))
+
+
+def _applicable(conditions: Sequence[Condition], isvc: InferenceService) -> list[Condition]:
+    """Without spec.autoscaling or spec.routing, their conditions go."""
+    return [
+        c
+        for c in conditions
+        if c.type not in _OPTIONAL or getattr(isvc.spec, _OPTIONAL[c.type]) is not None
     ]
-    moments.extend(m for m in retries if m is not None)
-    future = [m - snap.now for m in moments if m > snap.now]
-    return min(future) if future else None
 
 
-def _when(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+def _without_stale(snap: Snapshot, previous: InferenceServiceStatus, plan: Plan) -> Plan:
+    status = InferenceServiceStatus.model_validate(plan.status)
+    kept = _applicable(status.conditions, snap.isvc)
+    if len(kept) == len(status.conditions):
+        return plan
+    return replace(plan, status=status.model_copy(update={"conditions": kept}).to_kube())
 
 
-__all__ = ["RungPlacement", "decide"]
+def _leftovers(snap: Snapshot, wanted: Sequence[Mapping[str, Any]] = ()) -> list[ObjectRef]:
+    """Objects of tiers no longer in the spec, and route objects no longer rendered."""
+    tiers = {t.name for t in snap.isvc.spec.tiers}
+    keep = {(o["kind"], o["metadata"]["name"]) for o in wanted}
+    refs = []
+    for obj in snap.owned:
+        tier = _tier_of(obj)
+        gone_tier = tier is not None and tier not in tiers
+        stale_route = (
+            obj.get("kind") in ROUTE_KINDS and (obj["kind"], obj["metadata"]["name"]) not in keep
+        )
+        if gone_tier or stale_route:
+            meta = obj["metadata"]
+            refs.append(ObjectRef(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]))
+    return refs
+
+
+def _routing_events(
+    previous: InferenceServiceStatus, status: InferenceServiceStatus
+) -> list[EventSpec]:
+    before = condition(previous.conditions, "Routing")
+    now = condition(status.conditions, "Routing")
+    if now is None or (
+        before is not None and (before.status, before.reason) == (now.status, now.reason)
+    ):
+        return []
+    if now.status == "True":
+        return [EventSpec("Normal", "RouteAccepted", now.message)]
+    if now.status == "False":
+        return [EventSpec("Warning", now.reason, now.message)]
+    return []
+
+
+def _is_ready(conditions: Sequence[Condition]) -> bool:
+    found = condition(conditions, "Ready")
+    return found is not None and found.status == "True"
+
+
+def _tier_of(obj: Mapping[str, Any]) -> str | None:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    value = labels.get(keys.LABEL_TIER)
+    return str(value) if value else None
+
+
+def _soonest(values: Sequence[timedelta | None]) -> timedelta | None:
+    found = [v for v in values if v is not None]
+    return min(found) if found else None
+
+
+__all__ = ["decide"]

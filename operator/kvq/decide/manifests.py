@@ -14,6 +14,7 @@ from typing import Any
 
 from kvq.api import keys
 from kvq.api.models import API_VERSION, KIND, InferenceService
+from kvq.api.spec import TierSpec
 from kvq.decide.place import RungPlacement
 from kvq.decide.types import Catalogs, Manifest
 from kvq.fallback.ladder import Rung
@@ -50,18 +51,27 @@ def render_rung(
     key: str,
     catalogs: Catalogs,
     deployment: Mapping[str, Any] | None,
+    tier: TierSpec | None = None,
+    replicas_owned_elsewhere: bool = False,
 ) -> Rendered:
     """The objects for `placement`'s rung on the pool of `verdict` (raises RenderError)."""
     pool = verdict.pool
     rung: Rung = placement.rung
     effective = effective_settings(isvc, pool.gpu, rung.value, engines=catalogs.engines)
-    rendered = engine_args(isvc, pool, effective)
+    rendered = engine_args(isvc, pool, effective, alias=tier.model_alias() if tier else None)
     annotations = {
         keys.ANNOTATION_LADDER_KEY: key,
         keys.ANNOTATION_RUNG: rung.value,
         keys.ANNOTATION_POOL: pool.name,
     }
-    manifests = render_manifests(isvc, pool, effective, pod_annotations=annotations)
+    manifests = render_manifests(
+        isvc,
+        pool,
+        effective,
+        pod_annotations=annotations,
+        tier=tier,
+        replicas_owned_elsewhere=replicas_owned_elsewhere,
+    )
     pod_hash = _pod_hash(manifests)
     rollout = _rollout(isvc, verdict, deployment, pod_hash)
     manifests = [_with_rollout(m, rollout) for m in manifests]

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvq.api import keys
 from kvq.api.credentials import redact_args, redact_text
+from kvq.api.spec import TierSpec
 from kvq.api.status import (
     CapacityStatus,
     EffectiveStatus,
@@ -71,6 +72,8 @@ class Decision:
     """(reason, message) when kvq cannot even plan: unknown engine version or model."""
     autoscaled: Autoscaled | None = None
     """The autoscaling outcome, with spec.autoscaling."""
+    tier: TierSpec | None = None
+    """The extra tier this decision is about (None: the default tier)."""
 
 
 def build_status(
@@ -136,7 +139,9 @@ def build_status(
         autoscaling=autoscaling,
         replicas=replicas,
         ready_replicas=ready_replicas,
-        selector=",".join(f"{k}={v}" for k, v in sorted(selector_for(snap.isvc).items())),
+        selector=",".join(
+            f"{k}={v}" for k, v in sorted(selector_for(snap.isvc, decision.tier).items())
+        ),
     )
 
 

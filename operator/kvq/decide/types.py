@@ -67,6 +67,10 @@ class Snapshot:
     """The engines' latest metrics from Prometheus, when the operator has a Prometheus."""
     keda: bool = False
     """KEDA's ScaledObject API is served (autoscaling can be rendered)."""
+    gateway_api: bool = False
+    """The Gateway API's HTTPRoute is served (routing can be rendered)."""
+    inference_pools: bool = False
+    """The Gateway API Inference Extension's InferencePool is served."""
     owned: Sequence[Mapping[str, Any]] = ()
     """Live objects this InferenceService controls (ConfigMap, Deployment, Service, PDB);
     the ones kvq no longer renders are deleted."""

@@ -46,8 +46,10 @@ OWNED_INDICES: dict[str, tuple[str, str, str]] = {
     "kvq_deployments": ("apps", "v1", "deployments"),
     "kvq_services": ("", "v1", "services"),
     "kvq_pdbs": ("policy", "v1", "poddisruptionbudgets"),
-    # KEDA's, when it is installed (kopf watches it once its CRD appears).
+    # KEDA's and the Gateway API's, when installed (kopf watches them once their CRDs are).
     "kvq_scaledobjects": ("keda.sh", "v1alpha1", "scaledobjects"),
+    "kvq_httproutes": ("gateway.networking.k8s.io", "v1", "httproutes"),
+    "kvq_inferencepools": ("inference.networking.k8s.io", "v1", "inferencepools"),
 }
 
 

@@ -30,9 +30,10 @@ from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 from kvq.observe.prometheus import PrometheusReader
 from kvq.placement.discovery import GpuPod
 from kvq.render.autoscaling import SCALED_OBJECT_API, SCALED_OBJECT_KIND
+from kvq.render.routing import HTTP_ROUTE_API, INFERENCE_POOL_API
 from kvq.render.settings import RenderError, engine_image_and_version
 
-KEDA_RECHECK_S = 300.0
+OPTIONAL_API_RECHECK_S = 300.0
 
 
 @dataclass
@@ -45,16 +46,17 @@ class Runtime:
     metrics_reader: PrometheusReader | None = None
     """Engine metrics for status.metrics; None when the operator has no Prometheus."""
     memory: Memory = field(default_factory=Memory)
-    _keda: tuple[float, bool] | None = None
+    _served: dict[tuple[str, str], tuple[float, bool]] = field(default_factory=dict)
 
-    def keda(self) -> bool:
-        """KEDA's ScaledObject API is served; a "no" is asked again after a while (KEDA may be
-        installed after kvq), a "yes" is kept."""
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Is an optional API served (KEDA, the Gateway API)? A "no" is asked again after a
+        while (it may be installed after kvq), a "yes" is kept."""
         now = time.monotonic()
-        if self._keda is not None and (self._keda[1] or now - self._keda[0] < KEDA_RECHECK_S):
-            return self._keda[1]
-        served = self.clients.serves(SCALED_OBJECT_API, SCALED_OBJECT_KIND)
-        self._keda = (now, served)
+        known = self._served.get((api_version, kind))
+        if known is not None and (known[1] or now - known[0] < OPTIONAL_API_RECHECK_S):
+            return known[1]
+        served = self.clients.serves(api_version, kind)
+        self._served[(api_version, kind)] = (now, served)
         return served
 
 
@@ -132,7 +134,11 @@ def _reconcile_valid(
         config=runtime.config,
         owned=owned,
         engine_metrics=_engine_metrics(runtime, isvc, deployment),
-        keda=runtime.keda() if isvc.spec.autoscaling is not None else False,
+        keda=_needs_keda(isvc) and runtime.serves(SCALED_OBJECT_API, SCALED_OBJECT_KIND),
+        gateway_api=isvc.spec.routing is not None and runtime.serves(HTTP_ROUTE_API, "HTTPRoute"),
+        inference_pools=isvc.spec.routing is not None
+        and isvc.spec.routing.inference_pool
+        and runtime.serves(INFERENCE_POOL_API, "InferencePool"),
     )
     plan = _timed_decide(snapshot)
     if plan.fetch_log_tails:
@@ -145,6 +151,12 @@ def _reconcile_valid(
         )
         plan = _timed_decide(replace(snapshot, log_tails=tails))
     return plan, execute(runtime.clients, plan, raw, owned, runtime.memory, now)
+
+
+def _needs_keda(isvc: InferenceService) -> bool:
+    return isvc.spec.autoscaling is not None or any(
+        t.autoscaling is not None for t in isvc.spec.tiers
+    )
 
 
 def _pass_result(runtime: Runtime, plan: Plan) -> PassResult:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvq.api.models import API_VERSION, KIND, InferenceService
+from kvq.api.spec import TierSpec
 from kvq.catalog.engines import EngineMetrics
-from kvq.render.manifests import labels_for
+from kvq.render.manifests import labels_for, workload_name
 
 SCALED_OBJECT_API = "keda.sh/v1alpha1"
 SCALED_OBJECT_KIND = "ScaledObject"
@@ -42,6 +43,7 @@ def render_scaled_object(
     prometheus: PrometheusAccess,
     concurrency: float | None,
     max_replicas: int,
+    tier: TierSpec | None = None,
 ) -> dict[str, Any]:
     """The ScaledObject for `isvc` (which must have spec.autoscaling).
 
@@ -52,7 +54,8 @@ def render_scaled_object(
     auto = isvc.spec.autoscaling
     assert auto is not None, "render_scaled_object needs spec.autoscaling"
     namespace = isvc.metadata.namespace or ""
-    selector = f'namespace="{namespace}",service="{isvc.metadata.name}"'
+    name = workload_name(isvc, tier)
+    selector = f'namespace="{namespace}",service="{name}"'
     triggers: list[dict[str, Any]] = []
     targets = auto.targets
     if targets.kv_cache_usage is not None:
@@ -83,11 +86,13 @@ def render_scaled_object(
             )
         )
     spec: dict[str, Any] = {
-        "scaleTargetRef": {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": isvc.metadata.name,
-        },
+        # The default tier scales through the InferenceService's scale subresource; an
+        # extra tier through its own Deployment (kvq then leaves its replicas alone).
+        "scaleTargetRef": (
+            {"apiVersion": API_VERSION, "kind": KIND, "name": name}
+            if tier is None
+            else {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+        ),
         "pollingInterval": auto.polling_seconds,
         "cooldownPeriod": auto.cooldown_seconds,
         "minReplicaCount": max(auto.min_replicas, 1),
@@ -123,9 +128,9 @@ def render_scaled_object(
         "apiVersion": SCALED_OBJECT_API,
         "kind": SCALED_OBJECT_KIND,
         "metadata": {
-            "name": isvc.metadata.name,
+            "name": name,
             **({"namespace": namespace} if namespace else {}),
-            "labels": labels_for(isvc),
+            "labels": labels_for(isvc, tier),
             "annotations": {
                 # KEDA would otherwise fight kvq over who may scale the target.
                 "scaledobject.keda.sh/transfer-hpa-ownership": "true",

@@ -1,0 +1,268 @@
+"""One workload of an InferenceService (its default tier, or an extra tier) decided.
+
+Three pure steps: place every rung on the pools (decide.place), move the ladder on the
+evidence of the current rung's engines (fallback.ladder.climb), render the rung in force
+once (decide.manifests); then status and events. Every move is recorded in status, so
+the same snapshot decided twice gives the same plan, and a plan already carried out gives
+one with nothing new to write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from kvq.api import keys
+from kvq.api.spec import TierSpec
+from kvq.api.status import InferenceServiceStatus
+from kvq.catalog.engines import EngineCapability, EngineVersionError
+from kvq.catalog.models import ModelArchitecture
+from kvq.decide.autoscale import autoscale
+from kvq.decide.conditions import condition
+from kvq.decide.engines import EngineFindings, current_pods, examine_pods, tally_failures
+from kvq.decide.events import decision_events
+from kvq.decide.manifests import Rendered, owned_by, render_rung
+from kvq.decide.place import RungPlacement, place_rungs
+from kvq.decide.status import Decision, build_status
+from kvq.decide.types import ObjectRef, Plan, Snapshot
+from kvq.fallback.classifier import Action
+from kvq.fallback.key import ladder_key
+from kvq.fallback.ladder import (
+    NONE,
+    LadderInput,
+    Rung,
+    RuntimeVerdict,
+    climb,
+)
+from kvq.placement.discovery import discover_pools
+from kvq.planner.architecture import UnknownModelError, resolve_architecture
+from kvq.render import RenderError
+from kvq.render.settings import engine_image_and_version
+
+# Why the service waits (Placed=False): the condition's reason the grace period counts from.
+WAITING = "WaitingForCapacity"
+
+
+def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
+    """The plan of one workload. For an extra tier, `snap.isvc` carries the tier's spec
+    (its kvCache, replicas, autoscaling) and status, and `tier` names it."""
+    isvc = snap.isvc
+    previous = isvc.status or InferenceServiceStatus()
+    try:
+        capability, arch = _engine_and_model(snap)
+    except (RenderError, EngineVersionError, UnknownModelError) as error:
+        reason = "ModelUnknown" if isinstance(error, UnknownModelError) else "EngineUnsupported"
+        return _plan(snap, previous, Decision(blocked=(reason, str(error)), tier=tier))
+
+    key = ladder_key(isvc.spec)
+    stored = previous.fallback
+    same_key = stored is not None and stored.key == key
+    current = _current_rung(previous) if same_key else None
+    waiting_since = _waiting_since(previous)
+    grace = snap.config.ladder.grace
+    expired = waiting_since is not None and snap.now - waiting_since >= grace
+    current_pool = previous.placement.pool if previous.placement else None
+
+    # Step 1: the pools, for every rung. The current pods' scheduling troubles are part of
+    # whether the current pool can run the service now.
+    first = _findings(snap, key, current, current_pool)
+    placements = place_rungs(
+        isvc,
+        discover_pools(snap.nodes, snap.catalogs.gpus, snap.config.pool_labels, snap.gpu_pods),
+        capability,
+        arch,
+        current_pool=current_pool,
+        leave_current=expired,
+        unschedulable=first.unschedulable,
+    )
+
+    # Step 2: the ladder, on the evidence of the current rung's engines.
+    findings = first
+    if current is not None and placements[current].state.pool != current_pool:
+        findings = _findings(snap, key, current, placements[current].state.pool)
+    tally = None
+    if current is not None:
+        tally = tally_failures(
+            stored.tally if stored else None,
+            findings,
+            key=key,
+            rung=current,
+            pool=placements[current].state.pool,
+        )
+    verdict = _runtime_verdict(snap, findings, tally)
+    retry_token = isvc.metadata.annotations.get(keys.ANNOTATION_RETRY)
+    by_hand = retry_token is not None and retry_token != (stored.retry_token if stored else None)
+    reset_at = snap.now if by_hand else _reset_at(previous)
+    position = climb(
+        LadderInput(
+            requested_dtype=isvc.spec.kv_cache.dtype,
+            rungs=isvc.spec.fallback.rungs,
+            enabled=isvc.spec.fallback.enabled,
+            key=key,
+            generation=isvc.metadata.generation or 1,
+            now=snap.now,
+            states={rung: p.state for rung, p in placements.items()},
+            history=stored.attempts if stored else [],
+            current=current,
+            waiting_since=waiting_since,
+            reset_at=reset_at,
+            verdict=verdict,
+            policy=snap.config.ladder,
+            by_hand=by_hand,
+        )
+    )
+    moved = bool(position.moves) or position.rung != current
+    decision = Decision(
+        tier=tier,
+        key=key,
+        rung=position.rung,
+        placement=placements[position.rung] if position.rung else None,
+        waiting=position.waiting,
+        ladder_reason=position.reason,
+        exhausted=position.rung is None,
+        moves=position.moves,
+        failure=None if (position.moves and verdict is not None) else findings.failure,
+        fallback_disabled=not isvc.spec.fallback.enabled,
+        tally=None if moved else tally,
+        retry_token=retry_token,
+        reset_at=reset_at,
+        rung_of_failure=current,
+    )
+    if position.rung is None:
+        return _plan(snap, previous, decision)
+
+    # Step 3: render the rung in force, once.
+    chosen = placements[position.rung].choice.chosen
+    if chosen is None:
+        # The pool is gone for now (scaled to zero?): what runs stays as it is.
+        return replace(_plan(snap, previous, decision), keep_live=True, recheck_after=grace)
+    try:
+        rendered = render_rung(
+            isvc,
+            placements[position.rung],
+            chosen,
+            key=key,
+            catalogs=snap.catalogs,
+            deployment=snap.deployment,
+            tier=tier,
+            replicas_owned_elsewhere=tier is not None
+            and isvc.spec.autoscaling is not None
+            and snap.keda,
+        )
+    except RenderError as error:
+        return _plan(snap, previous, replace(decision, blocked=("RenderFailed", str(error))))
+    scaled = autoscale(snap, chosen, tier)
+    if scaled is not None and scaled.manifest is not None:
+        owned = owned_by(isvc, scaled.manifest)
+        rendered = replace(rendered, manifests=(*rendered.manifests, owned))
+    decision = replace(decision, rendered=rendered, autoscaled=scaled)
+    plan = _plan(snap, previous, decision, rendered)
+    return replace(plan, fetch_log_tails=findings.need_log_tails)
+
+
+def _engine_and_model(snap: Snapshot) -> tuple[EngineCapability, ModelArchitecture]:
+    version = engine_image_and_version(snap.isvc)[1]
+    capability = snap.catalogs.engines.capability(version)
+    arch = resolve_architecture(snap.isvc.spec.model, snap.catalogs.models)
+    return capability, arch
+
+
+def _current_rung(status: InferenceServiceStatus) -> Rung | None:
+    """The rung the stored status says runs (None before the first decision, or when none
+    could run)."""
+    active = status.fallback.active_rung if status.fallback else None
+    return Rung(active) if active and active != NONE else None
+
+
+def _waiting_since(status: InferenceServiceStatus) -> datetime | None:
+    placed = condition(status.conditions, "Placed")
+    if placed is None or placed.status != "False" or placed.reason != WAITING:
+        return None
+    return _when(placed.last_transition_time)
+
+
+def _reset_at(status: InferenceServiceStatus) -> datetime | None:
+    stored = status.fallback.reset_at if status.fallback else None
+    return _when(stored) if stored else None
+
+
+def _findings(snap: Snapshot, key: str, rung: Rung | None, pool: str | None) -> EngineFindings:
+    if rung is None:
+        return EngineFindings()
+    dtype = snap.isvc.spec.kv_cache.dtype if rung is Rung.REQUESTED else "auto"
+    return examine_pods(
+        current_pods(snap.pods, key, rung, pool), kv_cache_dtype=dtype, log_tails=snap.log_tails
+    )
+
+
+def _runtime_verdict(
+    snap: Snapshot, findings: EngineFindings, tally: object
+) -> RuntimeVerdict | None:
+    """A move the engines' evidence forces: a refusal now, an unknown crash once repeated."""
+    failure = findings.failure
+    if failure is None or not snap.isvc.spec.fallback.enabled:
+        return None
+    if failure.action is Action.FALLBACK:
+        return RuntimeVerdict("Refused", failure.reason, failure.excerpt)
+    repeats = snap.config.ladder.suspect_repeats
+    count = getattr(tally, "count", 0)
+    if failure.action is Action.FALLBACK_AFTER_REPEATS and count >= repeats:
+        reason = f"{failure.reason.rstrip('.')} (the same crash {count} times)."
+        return RuntimeVerdict("Suspect", reason, failure.excerpt)
+    return None
+
+
+def _plan(
+    snap: Snapshot,
+    previous: InferenceServiceStatus,
+    decision: Decision,
+    rendered: Rendered | None = None,
+) -> Plan:
+    status = build_status(snap, previous, decision)
+    events = decision_events(previous, status, decision.moves)
+    objects = rendered.manifests if rendered else ()
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    # Only prune when kvq renders a full set: a blocked decision keeps what is running.
+    delete = (
+        tuple(
+            ObjectRef(o["apiVersion"], o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])
+            for o in snap.owned
+            if (o["kind"], o["metadata"]["name"]) not in wanted
+        )
+        if objects
+        else ()
+    )
+    return Plan(
+        apply=objects,
+        delete=delete,
+        status=status.to_kube(),
+        events=events,
+        recheck_after=_recheck_after(snap, decision),
+        status_first=bool(decision.moves),
+    )
+
+
+def _recheck_after(snap: Snapshot, decision: Decision) -> timedelta | None:
+    """When time alone changes the decision: a grace period or a back-off ends."""
+    moments: list[datetime] = []
+    stored = snap.isvc.status.fallback if snap.isvc.status else None
+    if decision.waiting:
+        since = _waiting_since(snap.isvc.status or InferenceServiceStatus()) or snap.now
+        moments.append(since + snap.config.ladder.grace)
+    retries = [
+        _when(a.retry_after)
+        for a in [*(stored.attempts if stored else []), *decision.moves]
+        if a.key == decision.key and a.retry_after
+    ]
+    moments.extend(m for m in retries if m is not None)
+    future = [m - snap.now for m in moments if m > snap.now]
+    return min(future) if future else None
+
+
+def _when(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+__all__ = ["RungPlacement", "decide_workload"]
