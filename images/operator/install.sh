@@ -13,7 +13,8 @@ case "${1:-}" in
     "$python" -m venv "$3"
     set -- "$2"/kvq-*.whl "$3"
     [ -f "$1" ] || { echo "install.sh: no kvq wheel in ${1%/*}" >&2; exit 1; }
-    "$2/bin/pip" install --disable-pip-version-check --no-compile "$1"
+    # [fetch]: huggingface_hub, boto3, filelock for `kvq fetch`, the engine pods' model download
+    "$2/bin/pip" install --disable-pip-version-check --no-compile "$1[fetch]"
     # The image runs as a non-root user on a read-only root filesystem: nothing to write here.
     "$2/bin/kvq" --help >/dev/null
     ;;

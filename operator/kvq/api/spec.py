@@ -14,6 +14,16 @@ from kvq.api.credentials import (
     is_credential_env,
     is_credential_flag,
 )
+from kvq.api.pod import (
+    Affinity,
+    EngineResources,
+    EnvFromSource,
+    EnvVarSource,
+    ModelCacheSpec,
+    PodSettings,
+    Quantity,
+    TopologySpreadConstraint,
+)
 from kvq.api.rules import FieldRule, Rule, UniqueItems
 
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"]
@@ -149,6 +159,43 @@ class ArchitectureSpec(KubeModel):
     """MLA only: decoupled RoPE key dimension (config.json qk_rope_head_dim)."""
 
 
+class EnvVar(KubeModel):
+    """An environment variable: a plain value, or a value read from a Secret or ConfigMap."""
+
+    kube_rules = (
+        Rule(
+            cel="!has(self.value) || !has(self.valueFrom)",
+            message="set value or valueFrom, not both",
+            check=lambda e: e.value is None or e.value_from is None,
+        ),
+    )
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    """Variable name."""
+    value: Annotated[str | None, Field(max_length=4096)] = None
+    """Plain value. Never a credential: variables named like one (HF_TOKEN, *_KEY,
+    *_SECRET, ...) must use valueFrom."""
+    value_from: EnvVarSource | None = None
+    """The value of a Secret or ConfigMap key, read by the kubelet (kvq never sees it)."""
+
+
+def _no_credential_env(env: list[EnvVar]) -> bool:
+    return not any(is_credential_env(e.name) and e.value is not None for e in env)
+
+
+EnvList = Annotated[
+    list[EnvVar],
+    Field(max_length=64),
+    FieldRule(
+        cel=f"self.all(e, !e.name.matches('{CREDENTIAL_ENV_RE}') || !has(e.value))",
+        message="env must not carry credentials as plain values (HF_TOKEN, *_TOKEN, *_KEY, "
+        "*_SECRET, *_PASSWORD): use valueFrom.secretKeyRef or envFrom",
+        check=_no_credential_env,
+    ),
+]
+EnvFromList = Annotated[list[EnvFromSource], Field(max_length=16)]
+
+
 class ModelSpec(KubeModel):
     """Which model to serve."""
 
@@ -158,6 +205,13 @@ class ModelSpec(KubeModel):
             message="revision applies only to hf:// models",
             check=lambda m: m.revision is None or m.uri.startswith("hf://"),
             field_path=".revision",
+        ),
+        Rule(
+            cel="!has(self.cache) || !self.uri.startsWith('pvc://')",
+            message="cache applies to hf:// and s3:// models: a pvc:// model is read from "
+            "its claim as it is",
+            check=lambda m: m.cache is None or not m.uri.startswith("pvc://"),
+            field_path=".cache",
         ),
     )
 
@@ -170,16 +224,19 @@ class ModelSpec(KubeModel):
     awq: AwqSpec | None = None
     """AWQ-weight variant of the same model for the awq fallback rung."""
     token_secret_ref: SecretKeyRef | None = None
-    """Secret key holding a Hugging Face token; passed to the engine as HF_TOKEN by reference."""
-
-
-class EnvVar(KubeModel):
-    """An environment variable for the engine container (plain values only)."""
-
-    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-    """Variable name."""
-    value: Annotated[str, Field(max_length=4096)] = ""
-    """Variable value. Never put credentials here: use spec.model.tokenSecretRef."""
+    """Secret key holding a Hugging Face token; passed as HF_TOKEN by reference, to the
+    download step when there is a cache, else to the engine."""
+    cache: ModelCacheSpec | None = None
+    """Keep the downloaded model in a volume and download it before the engine starts;
+    without a cache the engine downloads hf:// models itself at every start and streams
+    s3:// models."""
+    env: EnvList = Field(default_factory=list)
+    """Environment for fetching the model (AWS_REGION, AWS_ENDPOINT_URL, HF_ENDPOINT, ...;
+    credentials by valueFrom only): given to the download step, and to the engine when
+    there is no cache (the engine then downloads or streams the model itself)."""
+    env_from: EnvFromList = Field(default_factory=list)
+    """Secrets and ConfigMaps whose keys become that environment (e.g. a Secret with
+    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)."""
 
 
 def _no_managed_flags(args: list[str]) -> bool:
@@ -188,10 +245,6 @@ def _no_managed_flags(args: list[str]) -> bool:
 
 def _no_credential_flags(args: list[str]) -> bool:
     return not any(is_credential_flag(a) for a in args)
-
-
-def _no_credential_env(env: list[EnvVar]) -> bool:
-    return not any(is_credential_env(e.name) for e in env)
 
 
 _MANAGED_CEL = "[" + ", ".join(f"'{f}'" for f in MANAGED_FLAGS) + "]"
@@ -231,17 +284,20 @@ class EngineSpec(KubeModel):
         ),
     ] = Field(default_factory=list)
     """Extra `vllm serve` arguments, appended after the ones kvq renders."""
-    env: Annotated[
-        list[EnvVar],
-        Field(max_length=64),
-        FieldRule(
-            cel=f"self.all(e, !e.name.matches('{CREDENTIAL_ENV_RE}'))",
-            message="env must not carry credentials as plain values (HF_TOKEN, *_TOKEN, "
-            "*_KEY, *_SECRET, *_PASSWORD): reference a Secret with spec.model.tokenSecretRef",
-            check=_no_credential_env,
-        ),
-    ] = Field(default_factory=list)
-    """Extra environment variables for the engine container."""
+    env: EnvList = Field(default_factory=list)
+    """Extra environment variables for the engine container (credentials by valueFrom)."""
+    env_from: EnvFromList = Field(default_factory=list)
+    """Secrets and ConfigMaps whose keys become the engine's environment."""
+    resources: EngineResources | None = None
+    """CPU and memory requests and limits; derived from the model when omitted."""
+    shm_size: Quantity | None = None
+    """Size of /dev/shm (a memory-backed emptyDir, counted in the memory request); 1 GiB per
+    GPU of the replica when omitted (NCCL and the engine's workers exchange tensors there)."""
+    run_as_user: Annotated[int | None, Field(ge=1, le=2147483647)] = None
+    """Run the engine as this non-root user ID (with runAsNonRoot, and HOME on a writable
+    emptyDir). vllm/vllm-openai is built to run as root and writes its caches under /root:
+    this works with it only because kvq moves HOME; an image with its own non-root user
+    should set that user's ID. As root (the default) every capability is dropped."""
 
 
 class KvCacheSpec(KubeModel):
@@ -375,6 +431,17 @@ class PlacementSpec(KubeModel):
     here; kvq never copies a pool's taints into the pod on its own."""
     prefer: PoolPreference = "cheapest"
     """Among fitting pools: cheapest (lowest GPU cost) or headroom (most KV capacity)."""
+    affinity: Affinity | None = None
+    """Kubernetes affinity of the engine pods, on top of the pool's node selector (kvq does
+    not read it when choosing a pool; a contradiction leaves the pods unschedulable, which
+    status reports)."""
+    topology_spread_constraints: Annotated[list[TopologySpreadConstraint], Field(max_length=8)] = (
+        Field(default_factory=list)
+    )
+    """How replicas spread over zones or nodes; a constraint without labelSelector counts
+    this InferenceService's replicas."""
+    priority_class_name: Annotated[str | None, Field(min_length=1, max_length=253)] = None
+    """PriorityClass of the engine pods (preemption order when GPUs are short)."""
 
 
 class RolloutSpec(KubeModel):
@@ -565,6 +632,8 @@ class InferenceServiceSpec(KubeModel):
     """The model to serve."""
     engine: EngineSpec = Field(default_factory=EngineSpec, json_schema_extra={"default": {}})
     """The vLLM engine image, version and extra arguments."""
+    pod: PodSettings = Field(default_factory=PodSettings, json_schema_extra={"default": {}})
+    """Pod-level settings: service account, image pull secrets, labels, annotations."""
     kv_cache: KvCacheSpec = Field(default_factory=KvCacheSpec, json_schema_extra={"default": {}})
     """KV-cache dtype and block size."""
     memory: MemorySpec = Field(default_factory=MemorySpec, json_schema_extra={"default": {}})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvq.fetch.layout import MODEL_LINK
 from kvq.render.settings import RenderError
 
 MODEL_VOLUME = "model"
@@ -21,9 +22,14 @@ class ModelSource:
     mount: dict[str, Any] | None = None
 
 
-def resolve_model_source(uri: str, revision: str | None) -> ModelSource:
+def resolve_model_source(uri: str, revision: str | None, *, cached: bool = False) -> ModelSource:
+    """What the engine is given for `uri`; `cached`: spec.model.cache is set, so an hf:// or
+    s3:// model is downloaded by the init container and the engine reads the local copy
+    (the revision was pinned by the download)."""
     scheme, _, rest = uri.partition("://")
     rest = rest.strip("/")
+    if cached and scheme in ("hf", "s3"):
+        return ModelSource(model_arg=MODEL_LINK)
     if scheme == "hf":
         return ModelSource(model_arg=rest, revision=revision)
     if scheme == "pvc":

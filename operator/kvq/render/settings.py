@@ -15,6 +15,8 @@ from kvq.catalog.engines import (
     version_from_image,
 )
 from kvq.catalog.gpus import GpuModel
+from kvq.catalog.models import ModelArchitecture
+from kvq.planner.weights import weight_bytes_per_gpu
 
 RungName = Literal["requested", "auto", "awq"]
 
@@ -25,6 +27,28 @@ _AWQ_MIN_CC = (7, 5)
 
 class RenderError(ValueError):
     """The InferenceService cannot be rendered for this engine or pool; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    """Sizes the pod is derived from: host memory, cache size, start-up budget."""
+
+    served_weight_bytes: int
+    """Weights of the model this rung serves (bf16, or AWQ on the awq rung), all GPUs."""
+    cached_weight_bytes: int
+    """Weights of every model the cache may hold (spec.model.uri and spec.model.awq.uri
+    when they are downloaded), so the cache's size does not change with the rung."""
+
+
+def model_footprint(isvc: InferenceService, arch: ModelArchitecture, rung: str) -> ModelFootprint:
+    """The footprint of `isvc`'s model on `rung`, from its architecture (catalog or spec)."""
+    full = weight_bytes_per_gpu(arch, "bf16", 1)
+    awq = weight_bytes_per_gpu(arch, "awq", 1)
+    model = isvc.spec.model
+    cached = full if not model.uri.startswith("pvc://") else 0
+    if model.awq is not None and not model.awq.uri.startswith("pvc://"):
+        cached += awq
+    return ModelFootprint(awq if rung == "awq" else full, cached)
 
 
 @dataclass(frozen=True)
@@ -41,6 +65,9 @@ class EffectiveSettings:
     image: str
     capability: EngineCapability
     """What this engine version accepts (flags, dtypes, launcher), from the catalog."""
+    footprint: ModelFootprint | None = None
+    """The model's sizes; None when the caller gave no architecture (then nothing is derived
+    from the model's size: no memory default, a fixed start-up budget, no default cache size)."""
 
 
 def awq_quantization(compute_capability: tuple[int, int]) -> str | None:
@@ -72,9 +99,19 @@ def engine_image_and_version(isvc: InferenceService) -> tuple[str, str]:
 
 
 def effective_settings(
-    isvc: InferenceService, gpu: GpuModel, rung: RungName = "requested", *, engines: EngineCatalog
+    isvc: InferenceService,
+    gpu: GpuModel,
+    rung: RungName = "requested",
+    *,
+    engines: EngineCatalog,
+    arch: ModelArchitecture | None = None,
 ) -> EffectiveSettings:
-    """Settings for one rung of the ladder: as requested, `auto` KV, or AWQ weights + auto KV."""
+    """Settings for one rung of the ladder: as requested, `auto` KV, or AWQ weights + auto KV.
+
+    `arch` (the model's architecture, as placement resolved it) sizes the pod: memory, the
+    model cache and the start-up probe's budget.
+    """
+    footprint = None if arch is None else model_footprint(isvc, arch, rung)
     image, version = engine_image_and_version(isvc)
     try:
         capability = engines.capability(version)
@@ -83,10 +120,12 @@ def effective_settings(
     spec = isvc.spec
     if rung == "requested":
         return EffectiveSettings(
-            spec.kv_cache.dtype, spec.model.uri, None, version, image, capability
+            spec.kv_cache.dtype, spec.model.uri, None, version, image, capability, footprint
         )
     if rung == "auto":
-        return EffectiveSettings("auto", spec.model.uri, None, version, image, capability)
+        return EffectiveSettings(
+            "auto", spec.model.uri, None, version, image, capability, footprint
+        )
     if spec.model.awq is None:
         raise RenderError("the awq rung needs spec.model.awq.uri")
     quantization = awq_quantization(gpu.compute_capability)
@@ -95,4 +134,6 @@ def effective_settings(
             f"AWQ kernels need compute capability 7.5 or newer; {gpu.product} has "
             f"{gpu.compute_capability_str}"
         )
-    return EffectiveSettings("auto", spec.model.awq.uri, quantization, version, image, capability)
+    return EffectiveSettings(
+        "auto", spec.model.awq.uri, quantization, version, image, capability, footprint
+    )
