@@ -76,6 +76,17 @@ their logs (failure evidence), the kinds it renders, Events, and kopf's namespac
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, delete]
+# Autoscaling (spec.autoscaling): the KEDA ScaledObject kvq renders for a service.
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [get, list, watch, create, patch, delete]
+# Routing (spec.routing): the HTTPRoute and the inference extension's InferencePools.
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
