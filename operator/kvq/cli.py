@@ -506,6 +506,10 @@ def run(
             "--prometheus-url without its credentials)"
         ),
     ] = None,
+    probe_image: Annotated[
+        str,
+        typer.Option(help="Image of the quality probe Jobs (kvq's own image: it has kvq probe)"),
+    ] = "kvq/operator:0.1.0",
     autoscaling_authentication: Annotated[
         str | None,
         typer.Option(
@@ -550,6 +554,7 @@ def run(
             pool_labels=tuple(pool_label or ()),
             autoscaling_prometheus_url=autoscaling_prometheus_url,
             autoscaling_authentication=autoscaling_authentication,
+            probe_image=probe_image,
             ladder=LadderPolicy(
                 suspect_repeats=suspect_restarts,
                 retry_after=timedelta(seconds=retry_after),

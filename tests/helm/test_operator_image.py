@@ -29,6 +29,7 @@ CHART_FLAGS = (
     "--retry-after-max",
     "--max-retries",
     "--metrics-port",
+    "--probe-image",
     "--liveness",
 )
 

@@ -25,6 +25,8 @@ ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
 ANNOTATION_LADDER_KEY = f"{GROUP}/ladder-key"
 ANNOTATION_RUNG = f"{GROUP}/rung"
 ANNOTATION_POOL = f"{GROUP}/pool"
+# On a quality probe's Job and pod: the rendering it probes (the spec hash's first 16).
+LABEL_PROBED_HASH = f"{GROUP}/probed-hash"
 # On an InferenceService: set (or change) to any value to try the requested dtype again.
 ANNOTATION_RETRY = f"{GROUP}/retry-requested"
 

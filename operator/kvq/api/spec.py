@@ -566,6 +566,180 @@ class AutoscalingSpec(KubeModel):
     """How often KEDA reads the signals."""
 
 
+TIER_HEADER = "x-kvq-tier"
+# The Gateway API Inference Extension's body-based router copies the request's OpenAI
+# `model` into this header, so a route can match on the model name.
+MODEL_HEADER = "x-gateway-model-name"
+_TIER_NAME_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+class HeaderMatch(KubeModel):
+    """An exact request-header match."""
+
+    name: Annotated[
+        str, Field(min_length=1, max_length=256, pattern=r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
+    ]
+    """Header name, in lower case (header names are case-insensitive on the wire)."""
+    value: Annotated[str, Field(min_length=1, max_length=4096)]
+    """Exact header value."""
+
+
+class TierMatch(KubeModel):
+    """Which requests go to a tier (any of the matches)."""
+
+    header: HeaderMatch | None = None
+    """A header and value; default `x-kvq-tier: <tier name>`."""
+    model: Annotated[str | None, Field(min_length=1, max_length=256)] = None
+    """An OpenAI model name that means this tier: the engine serves under it too, and the
+    route matches the x-gateway-model-name header the gateway's body-based router sets."""
+
+
+class TierSpec(KubeModel):
+    """Another tier of the same model, with its own KV cache and replicas (e.g. an
+    uncompressed `auto` cache for requests that need the highest accuracy)."""
+
+    name: Annotated[
+        str,
+        Field(min_length=1, max_length=20),
+        FieldRule(
+            cel=f"self.matches('{_TIER_NAME_RE}') && self != 'default'",
+            message="tier names are short DNS labels (lowercase letters, digits and '-'), "
+            "not 'default' (the main spec is the default tier)",
+            check=lambda v: re.fullmatch(_TIER_NAME_RE, v) is not None and v != "default",
+        ),
+    ]
+    """Tier name; its objects are named <InferenceService>-<name>."""
+    kv_cache: KvCacheSpec = Field(default_factory=KvCacheSpec, json_schema_extra={"default": {}})
+    """The tier's KV cache (default auto: no compression)."""
+    replicas: Annotated[int, Field(ge=0, le=1000)] = 1
+    """The tier's replicas."""
+    autoscaling: AutoscalingSpec | None = None
+    """The tier's autoscaling (KEDA scales the tier's Deployment)."""
+    match: TierMatch | None = None
+    """The requests that reach this tier; default the header x-kvq-tier: <name>."""
+
+    def header(self) -> tuple[str, str]:
+        """The (lower-cased name, value) of the tier's header match."""
+        found = self.match.header if self.match else None
+        return (found.name, found.value) if found else (TIER_HEADER, self.name)
+
+    def model_alias(self) -> str | None:
+        return self.match.model if self.match else None
+
+
+class ParentRef(KubeModel):
+    """A Gateway (or a listener of one) the route attaches to."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    """The Gateway's name."""
+    namespace: Annotated[str | None, Field(min_length=1, max_length=63)] = None
+    """Defaults to the InferenceService's namespace."""
+    section_name: Annotated[str | None, Field(min_length=1, max_length=253)] = None
+    """A listener of the Gateway."""
+
+
+class RoutingSpec(KubeModel):
+    """A Gateway API HTTPRoute for the service: each tier's match to that tier, the rest to
+    the default tier."""
+
+    parent_refs: Annotated[list[ParentRef], Field(min_length=1, max_length=8)]
+    """The Gateways to attach to."""
+    hostnames: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=253)]], Field(max_length=16)
+    ] = Field(default_factory=list)
+    """Host names the route answers for; all of the Gateway's when empty."""
+    inference_pool: bool = False
+    """Also render one inference.networking.k8s.io/v1 InferencePool per tier and route to
+    them (for gateways that implement the Gateway API Inference Extension)."""
+
+
+def _tier_keys_unique(tiers: list[TierSpec]) -> bool:
+    headers = [t.header() for t in tiers]
+    aliases = [a for t in tiers if (a := t.model_alias()) is not None]
+    return len(set(headers)) == len(headers) and len(set(aliases)) == len(aliases)
+
+
+_TIER_HEADER_NAME_CEL = (
+    f"(has(%s.match) && has(%s.match.header) ? %s.match.header.name : '{TIER_HEADER}')"
+)
+_TIER_HEADER_VALUE_CEL = "(has(%s.match) && has(%s.match.header) ? %s.match.header.value : %s.name)"
+
+
+def _tier_header_cel(var: str) -> str:
+    return (
+        _TIER_HEADER_NAME_CEL % (var, var, var)
+        + " + ':' + "
+        + _TIER_HEADER_VALUE_CEL % (var, var, var, var)
+    )
+
+
+QualitySuite = Literal["needle", "json", "repetition", "agreement"]
+_REQUIREMENT_RE = (
+    r"^[A-Za-z][A-Za-z0-9_.]*(>=|<=|>|<)(baseline([+-][0-9]+([.][0-9]+)?)?|-?[0-9]+([.][0-9]+)?)$"
+)
+
+
+class QualitySpec(KubeModel):
+    """Check the answers after each rollout of a quantized KV cache (`kvq probe` in a Job):
+    needles retrieved from long contexts, valid JSON, no repetition loops, and agreement with
+    an uncompressed tier. A failure can fall back to the next rung (QualityRegression)."""
+
+    kube_rules = (
+        Rule(
+            cel="!self.suites.exists(s, s == 'agreement') || has(self.baselineTier)",
+            message="the agreement suite compares with a baseline: set baselineTier (a tier "
+            "of this service with the auto cache)",
+            check=lambda q: "agreement" not in q.suites or q.baseline_tier is not None,
+            field_path=".suites",
+        ),
+    )
+
+    suites: Annotated[
+        list[QualitySuite],
+        Field(
+            min_length=1,
+            max_length=4,
+            json_schema_extra={
+                "x-kubernetes-list-type": "set",
+                "default": ["needle", "json", "repetition"],
+            },
+        ),
+        UniqueItems(),
+    ] = Field(
+        default_factory=lambda: list[QualitySuite](["needle", "json", "repetition"])
+    )
+    """Which checks run."""
+    require: Annotated[
+        list[
+            Annotated[
+                str,
+                Field(max_length=128),
+                FieldRule(
+                    cel=f"self.matches('{_REQUIREMENT_RE}')",
+                    message="a requirement is SCORE OP THRESHOLD without spaces, e.g. "
+                    "needle.accuracy>=0.9 or agreement.tokenAgreement>=baseline-0.1",
+                    check=lambda v: re.fullmatch(_REQUIREMENT_RE, v) is not None,
+                ),
+            ]
+        ],
+        Field(max_length=16),
+    ] = Field(default_factory=list)
+    """Thresholds on the probe's scores; the probe's defaults when empty (see kvq probe)."""
+    baseline_tier: Annotated[str | None, Field(min_length=1, max_length=20)] = None
+    """A tier of this service to compare with (agreement; thresholds relative to it)."""
+    on_failure: Literal["fallback", "report"] = "report"
+    """fallback: a failed check moves the ladder to the next rung (QualityRegression);
+    report: status and an Event only."""
+    period_hours: Annotated[int | None, Field(ge=1, le=8760)] = None
+    """Also run every this many hours (besides after each rollout)."""
+    timeout_seconds: Annotated[int, Field(ge=60, le=86400)] = 1800
+    """Longest a probe may run; it is then Unknown (never a failure)."""
+    tolerations: Annotated[list[Toleration], Field(max_length=16)] = Field(default_factory=list)
+    """Where the probe Job's pod may run (it needs no GPU)."""
+    env: Annotated[list[EnvVar], Field(max_length=16)] = Field(default_factory=list)
+    """Extra environment of the probe (e.g. a proxy)."""
+
+
 class FallbackSpec(KubeModel):
     """What kvq may do when the requested KV-cache dtype cannot run."""
 
@@ -604,6 +778,24 @@ class InferenceServiceSpec(KubeModel):
                 s.capacity.min_concurrent_sequences is None or s.memory.max_model_len is not None
             ),
             field_path=".capacity.minConcurrentSequences",
+        ),
+        Rule(
+            cel="!has(self.quality) || !has(self.quality.baselineTier) || (has(self.tiers) "
+            "&& self.tiers.exists(t, t.name == self.quality.baselineTier))",
+            message="quality.baselineTier names no tier in spec.tiers",
+            check=lambda s: (
+                s.quality is None
+                or s.quality.baseline_tier is None
+                or any(t.name == s.quality.baseline_tier for t in s.tiers)
+            ),
+            field_path=".quality.baselineTier",
+        ),
+        Rule(
+            cel="!has(self.tiers) || self.tiers.all(t, t.kvCache != self.kvCache)",
+            message="a tier with the default tier's kvCache would run the same engine twice: "
+            "give it another kvCache (typically dtype auto)",
+            check=lambda s: all(t.kv_cache != s.kv_cache for t in s.tiers),
+            field_path=".tiers",
         ),
         Rule(
             cel="!has(self.autoscaling) || !has(self.replicas) "
@@ -651,6 +843,31 @@ class InferenceServiceSpec(KubeModel):
     autoscaling: AutoscalingSpec | None = None
     """Scale on KV-cache usage and queue length (KEDA); spec.replicas is then the
     autoscaler's."""
+    tiers: Annotated[
+        list[TierSpec],
+        Field(
+            max_length=4,
+            json_schema_extra={
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
+        ),
+        FieldRule(
+            cel=f"self.all(a, self.filter(b, {_tier_header_cel('b')} == "
+            f"{_tier_header_cel('a')}).size() == 1) && "
+            "self.all(a, !has(a.match) || !has(a.match.model) || self.filter(b, "
+            "has(b.match) && has(b.match.model) && b.match.model == a.match.model).size() == 1)",
+            message="two tiers have the same match (header and value, or model name): each "
+            "request must reach one tier",
+            check=_tier_keys_unique,
+        ),
+    ] = Field(default_factory=list)
+    """Extra tiers of the same model (the main spec is the default tier), each with its own
+    KV cache, replicas and request match."""
+    routing: RoutingSpec | None = None
+    """Route requests through a Gateway: each tier's match to it, the rest to the default."""
+    quality: QualitySpec | None = None
+    """A quality gate after each rollout of a quantized KV cache (kvq probe in a Job)."""
     replicas: Annotated[
         int,
         FieldRule(

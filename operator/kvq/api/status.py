@@ -9,6 +9,7 @@ from pydantic import Field
 from kvq.api.base import KubeModel
 
 ConditionType = Literal[
+    "QualityVerified",
     "Routing",
     "Ready",
     "Reconciling",
@@ -244,6 +245,27 @@ class TierStatus(KubeModel):
     """The tier's ready engine pods."""
 
 
+class QualityStatus(KubeModel):
+    """The last quality probe of a quantized rollout (kvq probe)."""
+
+    probed_hash: str | None = None
+    """The rendering that was probed (status.effective.argsHash at the time)."""
+    kv_cache_dtype: str | None = None
+    """The KV cache the engine ran (as the engine reported it)."""
+    verdict: Literal["Pass", "Fail", "Unknown"] | None = None
+    """Pass, Fail, or Unknown (the probe could not judge: never counted as a failure)."""
+    reason: str = ""
+    """Why, in one sentence."""
+    scores: dict[str, float] = Field(default_factory=dict)
+    """The probe's scores (needle.accuracy, json.validRate, ...)."""
+    checks: list[str] = Field(default_factory=list)
+    """Each threshold with its value, e.g. needle.accuracy>=0.9: 0.95 (pass)."""
+    time: str | None = None
+    """When the probe finished (RFC 3339)."""
+    job: str | None = None
+    """The probe Job."""
+
+
 class RoutingStatus(KubeModel):
     """The HTTPRoute kvq renders, and how the Gateway took it."""
 
@@ -295,6 +317,8 @@ class InferenceServiceStatus(KubeModel):
     """Tiers ready of all tiers, the default included (e.g. 2/2)."""
     routing: RoutingStatus | None = None
     """The route through the Gateway (with spec.routing)."""
+    quality: QualityStatus | None = None
+    """The quality gate's last probe (with spec.quality)."""
     replicas: int | None = None
     """Engine pods that exist (the scale subresource's status.replicas)."""
     selector: str | None = None

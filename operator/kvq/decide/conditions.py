@@ -17,6 +17,7 @@ CONDITION_ORDER = (
     "CapacityMismatch",
     "Autoscaling",
     "Routing",
+    "QualityVerified",
 )
 
 

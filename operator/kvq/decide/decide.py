@@ -26,7 +26,7 @@ from kvq.fallback.ladder import rfc3339
 from kvq.render.manifests import workload_name
 
 # Conditions kvq writes only while the spec asks for what they describe.
-_OPTIONAL = {"Autoscaling": "autoscaling", "Routing": "routing"}
+_OPTIONAL = {"Autoscaling": "autoscaling", "Routing": "routing", "QualityVerified": "quality"}
 
 
 def decide(snap: Snapshot) -> Plan:

@@ -52,6 +52,10 @@ def decision_events(
             events.append(EventSpec("Warning", now.reason, message))
         elif now.type == "Ready" and now.status == "True":
             events.append(EventSpec("Normal", "Ready", message))
+        elif now.type == "QualityVerified" and now.status == "True":
+            events.append(EventSpec("Normal", "QualityPassed", message))
+        elif now.type == "QualityVerified" and now.status == "False":
+            events.append(EventSpec("Warning", "QualityRegression", message))
     old_ignored = previous.effective.ignored if previous.effective else []
     new_ignored = status.effective.ignored if status.effective else []
     for ignored in new_ignored:

@@ -32,6 +32,7 @@ from kvq.decide.conditions import ConditionUpdate, merge_conditions
 from kvq.decide.manifests import Rendered
 from kvq.decide.metrics import capacity_condition, metrics_status
 from kvq.decide.place import RungPlacement
+from kvq.decide.quality import QualityGate
 from kvq.decide.types import Snapshot
 from kvq.fallback.classifier import Action, Classification
 from kvq.fallback.ladder import NONE, Rung, rfc3339
@@ -74,6 +75,8 @@ class Decision:
     """The autoscaling outcome, with spec.autoscaling."""
     tier: TierSpec | None = None
     """The extra tier this decision is about (None: the default tier)."""
+    quality: QualityGate | None = None
+    """The quality gate's verdict (with spec.quality)."""
 
 
 def build_status(
@@ -103,6 +106,10 @@ def build_status(
     mismatch = capacity_condition(metrics, capacity, effective)
     if mismatch is not None and _rolled_out(snap, decision):
         updates.append(mismatch)
+    quality = previous.quality if snap.isvc.spec.quality else None
+    if decision.quality is not None and decision.quality.condition is not None:
+        updates.append(decision.quality.condition)
+        quality = decision.quality.status
     autoscaling = previous.autoscaling if snap.isvc.spec.autoscaling else None
     if decision.autoscaled is not None:
         updates.append(decision.autoscaled.condition)
@@ -137,6 +144,7 @@ def build_status(
         ),
         metrics=metrics,
         autoscaling=autoscaling,
+        quality=quality,
         replicas=replicas,
         ready_replicas=ready_replicas,
         selector=",".join(
@@ -219,17 +227,19 @@ def _stalled(decision: Decision) -> ConditionUpdate:
 
 
 def _rolled_out(snap: Snapshot, decision: Decision) -> bool:
-    """Every replica runs the current rendering and is available."""
-    if decision.rendered is None:
-        return False
+    return decision.rendered is not None and rolled_out(snap, decision.rendered.pod_hash)
+
+
+def rolled_out(snap: Snapshot, pod_hash: str) -> bool:
+    """Every replica runs the rendering `pod_hash` and is available."""
     want = snap.isvc.spec.desired_replicas()
     deployment = snap.deployment or {}
     template = deployment.get("spec", {}).get("template", {}).get("metadata", {})
     live_hash = (template.get("annotations") or {}).get(keys.ANNOTATION_SPEC_HASH)
     st = deployment.get("status") or {}
     return (
-        live_hash == decision.rendered.pod_hash
-        and deployment.get("spec", {}).get("replicas") == want
+        live_hash == pod_hash
+        and deployment.get("spec", {}).get("replicas", want) == want
         and st.get("observedGeneration", 0) >= deployment.get("metadata", {}).get("generation", 1)
         and st.get("updatedReplicas", 0) >= want
         and st.get("readyReplicas", 0) >= want

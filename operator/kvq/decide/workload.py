@@ -23,7 +23,8 @@ from kvq.decide.engines import EngineFindings, current_pods, examine_pods, tally
 from kvq.decide.events import decision_events
 from kvq.decide.manifests import Rendered, owned_by, render_rung
 from kvq.decide.place import RungPlacement, place_rungs
-from kvq.decide.status import Decision, build_status
+from kvq.decide.quality import QualityGate, probe_job, read_probe
+from kvq.decide.status import Decision, build_status, rolled_out
 from kvq.decide.types import ObjectRef, Plan, Snapshot
 from kvq.fallback.classifier import Action
 from kvq.fallback.key import ladder_key
@@ -90,6 +91,10 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
             pool=placements[current].state.pool,
         )
     verdict = _runtime_verdict(snap, findings, tally)
+    # The quality gate judges the default tier's answers; an engine failure speaks first.
+    gate = read_probe(snap, previous) if tier is None else QualityGate(None, None)
+    if verdict is None and gate.verdict is not None and current is Rung.REQUESTED:
+        verdict = gate.verdict
     retry_token = isvc.metadata.annotations.get(keys.ANNOTATION_RETRY)
     by_hand = retry_token is not None and retry_token != (stored.retry_token if stored else None)
     reset_at = snap.now if by_hand else _reset_at(previous)
@@ -127,6 +132,7 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
         retry_token=retry_token,
         reset_at=reset_at,
         rung_of_failure=current,
+        quality=gate,
     )
     if position.rung is None:
         return _plan(snap, previous, decision)
@@ -155,6 +161,17 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     if scaled is not None and scaled.manifest is not None:
         owned = owned_by(isvc, scaled.manifest)
         rendered = replace(rendered, manifests=(*rendered.manifests, owned))
+    job = probe_job(
+        isvc,
+        gate,
+        probed_hash=rendered.pod_hash,
+        kv_cache_dtype=rendered.effective.kv_cache_dtype,
+        rolled_out=rolled_out(snap, rendered.pod_hash),
+        image=snap.config.probe_image,
+        now=snap.now,
+    )
+    if job is not None:
+        rendered = replace(rendered, manifests=(*rendered.manifests, owned_by(isvc, job)))
     decision = replace(decision, rendered=rendered, autoscaled=scaled)
     plan = _plan(snap, previous, decision, rendered)
     return replace(plan, fetch_log_tails=findings.need_log_tails)
@@ -238,7 +255,8 @@ def _plan(
         status=status.to_kube(),
         events=events,
         recheck_after=_recheck_after(snap, decision),
-        status_first=bool(decision.moves),
+        status_first=bool(decision.moves)
+        or (decision.quality is not None and decision.quality.newly_recorded),
     )
 
 

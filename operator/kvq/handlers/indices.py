@@ -46,6 +46,7 @@ OWNED_INDICES: dict[str, tuple[str, str, str]] = {
     "kvq_deployments": ("apps", "v1", "deployments"),
     "kvq_services": ("", "v1", "services"),
     "kvq_pdbs": ("policy", "v1", "poddisruptionbudgets"),
+    "kvq_jobs": ("batch", "v1", "jobs"),
     # KEDA's and the Gateway API's, when installed (kopf watches them once their CRDs are).
     "kvq_scaledobjects": ("keda.sh", "v1alpha1", "scaledobjects"),
     "kvq_httproutes": ("gateway.networking.k8s.io", "v1", "httproutes"),
