@@ -226,7 +226,9 @@ def render(
     from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
     from kvq.catalog.engines import load_engine_catalog
     from kvq.catalog.gpus import load_gpu_catalog
+    from kvq.catalog.models import load_model_catalog
     from kvq.placement.pool import pool_for_gpu
+    from kvq.planner.architecture import UnknownModelError, resolve_architecture
     from kvq.render import RenderError, effective_settings, render_manifests
 
     gpu_model = load_gpu_catalog().lookup(pool)
@@ -242,11 +244,16 @@ def render(
             doc.setdefault("spec", {}).setdefault("engine", {})["version"] = engine_version
         try:
             isvc = parse_inference_service(doc)
+            try:  # the model's size derives memory, the cache's size and the start-up budget
+                arch = resolve_architecture(isvc.spec.model, load_model_catalog())
+            except UnknownModelError:
+                arch = None
             settings = effective_settings(
                 isvc,
                 gpu_model,
                 rung,  # type: ignore[arg-type]
                 engines=load_engine_catalog(),
+                arch=arch,
             )
             documents += render_manifests(isvc, pool_for_gpu(gpu_model, gpus_per_node), settings)
         except InvalidInferenceServiceError as error:

@@ -7,10 +7,13 @@ from typing import Any
 from kvq.api.models import InferenceService
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import GpuModel, load_gpu_catalog
+from kvq.catalog.models import ModelArchitecture, load_model_catalog
 from kvq.placement.pool import NodePool, pool_for_gpu
+from kvq.planner.architecture import UnknownModelError, resolve_architecture
 from kvq.render import EffectiveSettings, effective_settings
 
 ENGINES = load_engine_catalog()
+MODELS = load_model_catalog()
 
 
 def isvc(name: str = "llama", namespace: str | None = "team-a", **spec: Any) -> InferenceService:
@@ -34,5 +37,19 @@ def pool(product: str, gpus_per_node: int = 8) -> NodePool:
 
 
 def settings(service: InferenceService, product: str, rung: str = "requested") -> EffectiveSettings:
-    """The effective settings of a rung on a GPU, with kvq's engine catalog."""
-    return effective_settings(service, gpu(product), rung, engines=ENGINES)  # type: ignore[arg-type]
+    """The effective settings of a rung on a GPU, with kvq's engine catalog and, as the
+    operator does, the model's architecture (which sizes the pod) when kvq knows it."""
+    return effective_settings(
+        service,
+        gpu(product),
+        rung,  # type: ignore[arg-type]
+        engines=ENGINES,
+        arch=architecture(service),
+    )
+
+
+def architecture(service: InferenceService) -> ModelArchitecture | None:
+    try:
+        return resolve_architecture(service.spec.model, MODELS)
+    except UnknownModelError:
+        return None

@@ -12,7 +12,6 @@ from kvq.placement.pool import NodePool, Taint
 from kvq.render import (
     RenderError,
     container_command,
-    effective_settings,
     engine_args,
     render_manifests,
 )
@@ -257,7 +256,7 @@ def test_tensor_parallel_sets_gpu_limit_and_must_fit_a_node() -> None:
     service = isvc(placement={"gpusPerReplica": 4})
     engine = container(render(service))
     assert flag_value(tuple(engine["command"]), "--tensor-parallel-size") == "4"
-    assert engine["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "4"
     with pytest.raises(RenderError, match="does not fit on one node"):
         render(service, gpus_per_node=2)
 
@@ -323,7 +322,7 @@ def test_pod_shape() -> None:
     assert engine["securityContext"]["allowPrivilegeEscalation"] is False
     assert engine["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     pod = deployment(objects)["spec"]["template"]["spec"]
-    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}} in pod["volumes"]
     assert pod["enableServiceLinks"] is False
     labels = deployment(objects)["spec"]["template"]["metadata"]["labels"]
     assert labels[keys.LABEL_NAME] == "vllm"

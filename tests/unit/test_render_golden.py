@@ -19,7 +19,7 @@ import yaml
 from kvq.api.models import InferenceService
 from kvq.render import render_manifests
 from kvq.render.manifests import evidence_script
-from tests.unit.render_cases import gpu, isvc, pool, settings
+from tests.unit.render_cases import isvc, pool, settings
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "render"
 UPDATE = os.environ.get("KVQ_UPDATE_GOLDEN") == "1"
@@ -107,6 +107,97 @@ CASES = [
             },
         ),
         "H200",
+    ),
+    Case(
+        "hf-cached-claim",
+        lambda: isvc(
+            name="llama-cached",
+            model={
+                "uri": "hf://meta-llama/Llama-3.1-8B-Instruct",
+                "revision": "0e9e39f249a16976918f6564b8830bc894c89659",
+                "tokenSecretRef": {"name": "hf-token", "key": "token"},
+                "cache": {
+                    "volumeClaim": {"storageClassName": "fast-rwx", "accessMode": "ReadWriteMany"}
+                },
+            },
+            kvCache={"dtype": "fp8"},
+            replicas=2,
+        ),
+        "H100-SXM-80GB",
+    ),
+    Case(
+        "s3-service-account",
+        lambda: isvc(
+            name="qwen-s3",
+            model={
+                "uri": "s3://acme-models/qwen2.5-7b-instruct",
+                "architecture": {
+                    "numLayers": 28,
+                    "numAttentionHeads": 28,
+                    "numKvHeads": 4,
+                    "headDim": 128,
+                    "numParams": 7615616512,
+                },
+                "cache": {"emptyDir": {}},
+                "env": [{"name": "AWS_REGION", "value": "us-east-1"}],
+            },
+            engine={
+                "env": [
+                    {
+                        "name": "VLLM_API_KEY",
+                        "valueFrom": {"secretKeyRef": {"name": "vllm", "key": "api-key"}},
+                    }
+                ],
+                "envFrom": [{"configMapRef": {"name": "vllm-settings"}}],
+            },
+            pod={
+                "serviceAccountName": "model-reader",
+                "imagePullSecrets": [{"name": "registry"}],
+                "labels": {"team": "search"},
+                "annotations": {"prometheus.io/scrape": "true"},
+            },
+            placement={"priorityClassName": "inference-high"},
+        ),
+        "L40S",
+    ),
+    Case(
+        "tp4-replica",
+        lambda: isvc(
+            name="llama70b",
+            model={
+                "uri": "hf://meta-llama/Llama-3.1-70B-Instruct",
+                "cache": {"claimName": "models"},
+            },
+            kvCache={"dtype": "fp8"},
+            memory={"maxModelLen": 32768},
+            replicas=2,
+            engine={"runAsUser": 1000},
+            placement={
+                "gpusPerReplica": 4,
+                "topologySpreadConstraints": [
+                    {
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                    }
+                ],
+                "affinity": {
+                    "podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "weight": 100,
+                                "podAffinityTerm": {
+                                    "topologyKey": "kubernetes.io/hostname",
+                                    "labelSelector": {
+                                        "matchLabels": {"kvq.dev/inferenceservice": "llama70b"}
+                                    },
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+        ),
+        "H100-SXM-80GB",
     ),
 ]
 

@@ -11,7 +11,9 @@ lines. Every download failure is ModelUnavailable: another KV-cache dtype cannot
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvq.api.credentials import redact_text
 
@@ -38,7 +40,10 @@ FETCH_FAILURES: tuple[tuple[re.Pattern[str], FetchFailure], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), failure)
     for pattern, failure in (
         (
-            r"GatedRepoError|gated repo|is restricted and you are not in the authorized list",
+            # Not "gated repo" alone: every RepositoryNotFoundError ends "If you are trying to
+            # access a private or gated repo, make sure you are authenticated".
+            r"GatedRepoError|Cannot access gated repo|is restricted and you are not in the "
+            r"authorized list",
             FetchFailure(
                 "gated",
                 False,
@@ -189,3 +194,28 @@ def classify_fetch_failure(termination_message: str) -> tuple[str, str]:
 def _excerpt(line: str) -> str:
     line = redact_text(line)
     return line if len(line) <= _EXCERPT_CHARS else line[: _EXCERPT_CHARS - 3] + "..."
+
+
+def fetch_termination_message(pod: Mapping[str, Any]) -> str | None:
+    """The failed download's termination message from a Pod object, or None if it has not
+    failed (not run yet, running, or completed). "" when it failed without a message.
+
+    The engine container waits in PodInitializing meanwhile, so evidence read from the
+    engine alone sees nothing: read this first.
+    """
+    status = pod.get("status")
+    statuses = status.get("initContainerStatuses") if isinstance(status, Mapping) else None
+    for entry in statuses if isinstance(statuses, list) else []:
+        if not isinstance(entry, Mapping) or entry.get("name") != FETCH_CONTAINER:
+            continue
+        state = entry.get("state") or {}
+        terminated = state.get("terminated") or {}
+        if terminated and terminated.get("exitCode") == 0:
+            return None  # the model is in place
+        last = (entry.get("lastState") or {}).get("terminated") or {}
+        waiting = state.get("waiting") or {}
+        failed = terminated or (last and waiting.get("reason") == "CrashLoopBackOff")
+        if not failed:
+            return None
+        return str((terminated or last).get("message") or "")
+    return None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
+from huggingface_hub.errors import RevisionNotFoundError
 from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
 
 from kvq.fetch.layout import (
@@ -48,7 +48,7 @@ def fetch_hf(
         info = api.model_info(repo_id, revision=revision, files_metadata=True)
     except RevisionNotFoundError:
         raise
-    except (HfHubHTTPError, OSError) as error:
+    except Exception as error:  # httpx2's ConnectError, HfHubHTTPError's 5xx, timeouts...
         # The Hub is unreachable or failing: a copy verified earlier still serves a restart.
         offline = _verified_offline(ref, revision, cache)
         if offline is None or _is_refusal(error):

@@ -20,6 +20,7 @@ from kvq.catalog.engines import EngineCapability
 from kvq.catalog.models import ModelArchitecture
 from kvq.placement.discovery import TRANSIENT_TAINT_KEYS, Inventory
 from kvq.placement.pool import GpuNode, NodePool, OwnerKey, Taint
+from kvq.placement.tensor_parallel import tensor_parallel_problem
 from kvq.planner import CapacityPlan, plan_capacity
 from kvq.planner.weights import WeightFormat
 
@@ -177,6 +178,9 @@ def _judge(
         reasons.append(
             f"nodes have {pool.gpus_per_node} GPUs, a replica needs {request.gpus_per_replica}"
         )
+    split = tensor_parallel_problem(arch, request.gpus_per_replica)
+    if split is not None:
+        reasons.append(split)
     verdict = capability.kv_dtype_verdict(request.kv_cache_dtype, pool.gpu.compute_capability)
     if not verdict.ok:
         reasons.append(verdict.reason)

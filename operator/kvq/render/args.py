@@ -42,14 +42,20 @@ def engine_args(
     effective: EffectiveSettings,
     *,
     port: int = ENGINE_PORT,
+    alias: str | None = None,
 ) -> RenderedArgs:
     """The engine's arguments (model first), refusing what this engine or pool cannot run.
 
     `port` is for local runs (engine tests) that cannot bind 8000; pods always use 8000.
+    `alias`: one more name the engine answers to (a tier's OpenAI model name).
     """
     capability = effective.capability
     spec = isvc.spec
-    source = resolve_model_source(effective.model_uri, _revision_for(isvc, effective))
+    source = resolve_model_source(
+        effective.model_uri,
+        _revision_for(isvc, effective),
+        cached=spec.model.cache is not None,
+    )
     args: list[str] = [*_model_args(capability, source)]
     dropped: list[DroppedFlag] = []
 
@@ -60,7 +66,10 @@ def engine_args(
 
     if source.revision is not None:
         add("--revision", source.revision)
-    add("--served-model-name", isvc.metadata.name)
+    if alias is not None and alias != isvc.metadata.name:
+        args.extend(["--served-model-name", isvc.metadata.name, alias])
+    else:
+        add("--served-model-name", isvc.metadata.name)
     add("--port", str(port))
     tp = spec.placement.gpus_per_replica
     if tp > pool.gpus_per_node:
@@ -113,10 +122,11 @@ def engine_command(
     *,
     python: str = "python3",
     port: int = ENGINE_PORT,
+    alias: str | None = None,
 ) -> list[str]:
     """The engine's full command line (launcher + arguments)."""
     capability = effective.capability
-    rendered = engine_args(isvc, pool, effective, port=port)
+    rendered = engine_args(isvc, pool, effective, port=port, alias=alias)
     if capability.launcher == "serve":
         return ["vllm", "serve", *rendered.args]
     return [python, "-m", _API_SERVER_MODULE, *rendered.args]
@@ -130,9 +140,10 @@ def container_command(
     python: str = "python3",
     wrapper_path: str = WRAPPER_PATH,
     port: int = ENGINE_PORT,
+    alias: str | None = None,
 ) -> list[str]:
     """The container command: the failure-evidence wrapper around the engine command."""
-    engine = engine_command(isvc, pool, effective, python=python, port=port)
+    engine = engine_command(isvc, pool, effective, python=python, port=port, alias=alias)
     return [python, wrapper_path, "--", *engine]
 
 

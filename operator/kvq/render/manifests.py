@@ -16,19 +16,29 @@ from typing import Any
 
 from kvq.api import keys
 from kvq.api.models import InferenceService
+from kvq.api.spec import TierSpec
 from kvq.placement.choice import GPU_TAINT_KEYS
 from kvq.placement.pool import NodePool
 from kvq.render.args import ENGINE_PORT, WRAPPER_DIR, WRAPPER_FILE, container_command
 from kvq.render.model_source import resolve_model_source
+from kvq.render.pod import (
+    DEFAULT_FETCH_IMAGE,
+    PodParts,
+    container_resources,
+    engine_security_context,
+    pod_parts,
+    pod_settings,
+    shm_size,
+    startup_failure_threshold,
+)
 from kvq.render.settings import EffectiveSettings, RenderError
 
 CONTAINER_NAME = "vllm"
 PORT_NAME = "http"
 HEALTH_PATH = "/health"
-# /health answers only once the weights are loaded: allow 30 minutes (180 x 10 s) for a
-# large model to download and load before the kubelet restarts the container.
+# /health answers only once the weights are loaded: the start-up probe's budget scales with
+# the model's size (kvq.render.pod.startup_failure_threshold).
 STARTUP_PERIOD_SECONDS = 10
-STARTUP_FAILURE_THRESHOLD = 180
 EVIDENCE_VOLUME = "kvq-evidence"
 SHM_VOLUME = "dshm"
 
@@ -43,20 +53,36 @@ def evidence_configmap_name(isvc_name: str) -> str:
     return f"{isvc_name}-kvq-evidence"
 
 
-def labels_for(isvc: InferenceService) -> dict[str, str]:
-    name = isvc.metadata.name
-    return {
+def workload_name(isvc: InferenceService, tier: TierSpec | None = None) -> str:
+    """The name of a tier's objects: the InferenceService's, then `-<tier>` for extra tiers."""
+    return isvc.metadata.name if tier is None else f"{isvc.metadata.name}-{tier.name}"
+
+
+def labels_for(isvc: InferenceService, tier: TierSpec | None = None) -> dict[str, str]:
+    """Every object and pod names its InferenceService (kvq's indices key on it); an extra
+    tier's also names the tier and a name of its own, so the default tier's selector
+    (immutable, set before tiers existed) never matches them."""
+    labels = {
         keys.LABEL_COMPONENT: keys.COMPONENT_ENGINE,
-        keys.LABEL_INFERENCESERVICE: name,
-        keys.LABEL_INSTANCE: name,
+        keys.LABEL_INFERENCESERVICE: isvc.metadata.name,
+        keys.LABEL_INSTANCE: workload_name(isvc, tier),
         keys.LABEL_MANAGED_BY: keys.MANAGED_BY_VALUE,
-        keys.LABEL_NAME: keys.NAME_VALUE,
+        keys.LABEL_NAME: keys.NAME_VALUE if tier is None else keys.TIER_NAME_VALUE,
     }
+    if tier is not None:
+        labels[keys.LABEL_TIER] = tier.name
+    return labels
 
 
-def selector_for(isvc: InferenceService) -> dict[str, str]:
+def selector_for(isvc: InferenceService, tier: TierSpec | None = None) -> dict[str, str]:
     """Pod selector; Deployment selectors are immutable, so it never changes."""
-    return {keys.LABEL_INFERENCESERVICE: isvc.metadata.name, keys.LABEL_NAME: keys.NAME_VALUE}
+    selector = {keys.LABEL_INFERENCESERVICE: isvc.metadata.name}
+    if tier is None:
+        selector[keys.LABEL_NAME] = keys.NAME_VALUE
+    else:
+        selector[keys.LABEL_NAME] = keys.TIER_NAME_VALUE
+        selector[keys.LABEL_TIER] = tier.name
+    return selector
 
 
 @dataclass(frozen=True)
@@ -80,19 +106,31 @@ def render_manifests(
     *,
     rollout: Rollout = SURGE,
     pod_annotations: Mapping[str, str] | None = None,
+    tier: TierSpec | None = None,
+    replicas_owned_elsewhere: bool = False,
+    fetch_image: str = DEFAULT_FETCH_IMAGE,
 ) -> list[dict[str, Any]]:
-    """ConfigMap, Deployment, Service (and a PodDisruptionBudget above one replica).
+    """ConfigMap, Deployment, Service (and a PodDisruptionBudget above one replica, and the
+    model cache's PersistentVolumeClaim when kvq owns one).
 
     `pod_annotations` go on the pod template beside the spec hash (decide() names the
-    ladder key, rung and pool there); they are part of the hash.
+    ladder key, rung and pool there); they are part of the hash. `tier`: an extra tier of
+    the service (its spec already in `isvc`): its objects are named and labelled apart.
+    `replicas_owned_elsewhere`: an autoscaler scales this Deployment itself, so kvq leaves
+    `replicas` out (and does not fight it). `fetch_image`: the image of the model download
+    step (the operator's own).
     """
+    parts = pod_parts(isvc, effective, labels=labels_for(isvc), fetch_image=fetch_image)
     objects = [
-        _evidence_configmap(isvc),
-        _deployment(isvc, pool, effective, rollout, pod_annotations or {}),
-        _service(isvc),
+        _evidence_configmap(isvc, tier),
+        _deployment(isvc, pool, effective, rollout, pod_annotations or {}, tier, parts),
+        _service(isvc, tier),
     ]
+    if replicas_owned_elsewhere:
+        del objects[1]["spec"]["replicas"]
     if isvc.spec.desired_replicas() > 1:
-        objects.append(_pod_disruption_budget(isvc))
+        objects.append(_pod_disruption_budget(isvc, tier))
+    objects.extend(parts.objects)
     return objects
 
 
@@ -107,18 +145,18 @@ def spec_hash(pod_spec: dict[str, Any], annotations: Mapping[str, str] | None = 
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _metadata(isvc: InferenceService, name: str) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": labels_for(isvc)}
+def _metadata(isvc: InferenceService, name: str, tier: TierSpec | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": labels_for(isvc, tier)}
     if isvc.metadata.namespace:
         meta["namespace"] = isvc.metadata.namespace
     return meta
 
 
-def _evidence_configmap(isvc: InferenceService) -> dict[str, Any]:
+def _evidence_configmap(isvc: InferenceService, tier: TierSpec | None) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(isvc, evidence_configmap_name(isvc.metadata.name)),
+        "metadata": _metadata(isvc, evidence_configmap_name(workload_name(isvc, tier)), tier),
         "data": {WRAPPER_FILE: evidence_script()},
     }
 
@@ -129,17 +167,21 @@ def _deployment(
     effective: EffectiveSettings,
     rollout: Rollout,
     pod_annotations: Mapping[str, str],
+    tier: TierSpec | None,
+    parts: PodParts,
 ) -> dict[str, Any]:
-    pod_spec = _pod_spec(isvc, pool, effective)
-    annotations = dict(sorted(pod_annotations.items()))
+    pod_spec = _pod_spec(isvc, pool, effective, tier, parts)
+    # The spec's own pod annotations and labels; kvq's keys win (the CRD refuses them).
+    annotations = dict(sorted({**isvc.spec.pod.annotations, **pod_annotations}.items()))
+    pod_labels = dict(sorted({**isvc.spec.pod.labels, **labels_for(isvc, tier)}.items()))
     annotations[keys.ANNOTATION_SPEC_HASH] = spec_hash(pod_spec, annotations)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(isvc, isvc.metadata.name),
+        "metadata": _metadata(isvc, workload_name(isvc, tier), tier),
         "spec": {
             "replicas": isvc.spec.desired_replicas(),
-            "selector": {"matchLabels": selector_for(isvc)},
+            "selector": {"matchLabels": selector_for(isvc, tier)},
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {
@@ -148,7 +190,7 @@ def _deployment(
                 },
             },
             "template": {
-                "metadata": {"labels": labels_for(isvc), "annotations": annotations},
+                "metadata": {"labels": pod_labels, "annotations": annotations},
                 "spec": pod_spec,
             },
         },
@@ -156,7 +198,11 @@ def _deployment(
 
 
 def _pod_spec(
-    isvc: InferenceService, pool: NodePool, effective: EffectiveSettings
+    isvc: InferenceService,
+    pool: NodePool,
+    effective: EffectiveSettings,
+    tier: TierSpec | None,
+    parts: PodParts,
 ) -> dict[str, Any]:
     source = resolve_model_source(effective.model_uri, None)
     mounts: list[dict[str, Any]] = [
@@ -165,43 +211,40 @@ def _pod_spec(
     ]
     volumes: list[dict[str, Any]] = [
         # NCCL and the engine's worker processes exchange tensors through /dev/shm, which
-        # the container runtime otherwise caps at 64 MiB.
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        # the container runtime otherwise caps at 64 MiB. Counted in the memory request.
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(isvc)}},
         {
             "name": EVIDENCE_VOLUME,
-            "configMap": {"name": evidence_configmap_name(isvc.metadata.name)},
+            "configMap": {"name": evidence_configmap_name(workload_name(isvc, tier))},
         },
     ]
     if source.volume is not None and source.mount is not None:
         volumes.append(source.volume)
         mounts.append(source.mount)
-    gpus = str(isvc.spec.placement.gpus_per_replica)
+    volumes += parts.volumes
+    mounts += parts.engine_mounts
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": effective.image,
-        "command": container_command(isvc, pool, effective),
+        "command": container_command(isvc, pool, effective, alias=_alias(tier)),
         "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT}],
-        # Requests of an extended resource default to its limit.
-        "resources": {"limits": {keys.GPU_RESOURCE: gpus}},
-        "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURE_THRESHOLD),
+        "resources": container_resources(isvc, effective),
+        "startupProbe": _probe(STARTUP_PERIOD_SECONDS, startup_failure_threshold(isvc, effective)),
         "readinessProbe": _probe(10, 3),
         "livenessProbe": _probe(15, 4),
         # The wrapper writes the root cause to /dev/termination-log; the log tail is only
         # the fallback when it could not (e.g. the wrapper itself was killed).
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        # vllm/vllm-openai runs as root and writes its caches under /root, so runAsNonRoot
-        # would stop it from starting; take away everything else root could use.
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        # vllm/vllm-openai runs as root and writes its caches under /root: runAsNonRoot only
+        # with spec.engine.runAsUser (which moves HOME); as root, no capability is left.
+        "securityContext": engine_security_context(isvc),
         "volumeMounts": mounts,
     }
-    env = _env(isvc)
-    if env:
-        container["env"] = env
-    return {
+    if parts.engine_env:
+        container["env"] = parts.engine_env
+    if parts.engine_env_from:
+        container["envFrom"] = parts.engine_env_from
+    pod: dict[str, Any] = {
         "containers": [container],
         # Service links would inject VLLM_PORT=tcp://... for a Service named `vllm`, which
         # vLLM reads as its own port setting and refuses.
@@ -209,7 +252,13 @@ def _pod_spec(
         "nodeSelector": _node_selector(isvc, pool),
         "tolerations": _tolerations(isvc),
         "volumes": volumes,
+        **pod_settings(isvc, selector_for(isvc, tier)),
     }
+    if parts.init_containers:
+        pod["initContainers"] = parts.init_containers
+    if parts.pod_security:
+        pod["securityContext"] = parts.pod_security
+    return pod
 
 
 def _probe(period_seconds: int, failure_threshold: int) -> dict[str, Any]:
@@ -219,19 +268,6 @@ def _probe(period_seconds: int, failure_threshold: int) -> dict[str, Any]:
         "failureThreshold": failure_threshold,
         "timeoutSeconds": 5,
     }
-
-
-def _env(isvc: InferenceService) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in isvc.spec.engine.env]
-    token = isvc.spec.model.token_secret_ref
-    if token is not None:
-        env.append(
-            {
-                "name": "HF_TOKEN",
-                "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}},
-            }
-        )
-    return sorted(env, key=lambda e: str(e["name"]))
 
 
 def _node_selector(isvc: InferenceService, pool: NodePool) -> dict[str, str]:
@@ -260,22 +296,26 @@ def _tolerations(isvc: InferenceService) -> list[dict[str, Any]]:
     return [unique[k] for k in sorted(unique)]
 
 
-def _service(isvc: InferenceService) -> dict[str, Any]:
+def _alias(tier: TierSpec | None) -> str | None:
+    return tier.model_alias() if tier is not None else None
+
+
+def _service(isvc: InferenceService, tier: TierSpec | None) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(isvc, isvc.metadata.name),
+        "metadata": _metadata(isvc, workload_name(isvc, tier), tier),
         "spec": {
-            "selector": selector_for(isvc),
+            "selector": selector_for(isvc, tier),
             "ports": [{"name": PORT_NAME, "port": ENGINE_PORT, "targetPort": PORT_NAME}],
         },
     }
 
 
-def _pod_disruption_budget(isvc: InferenceService) -> dict[str, Any]:
+def _pod_disruption_budget(isvc: InferenceService, tier: TierSpec | None) -> dict[str, Any]:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _metadata(isvc, isvc.metadata.name),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_for(isvc)}},
+        "metadata": _metadata(isvc, workload_name(isvc, tier), tier),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_for(isvc, tier)}},
     }

@@ -1,0 +1,82 @@
+"""Tensor-parallel sizes as vLLM accepts them: heads divide evenly, KV heads divide or are
+replicated in whole copies; placement refuses the rest with the valid sizes named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvq.catalog.models import ModelArchitecture, load_model_catalog
+from kvq.placement.choice import choose_pool
+from kvq.placement.tensor_parallel import tensor_parallel_problem, valid_tensor_parallel_sizes
+from tests.unit.test_choice import ENGINE, inventory, reasons, request
+
+MODELS = load_model_catalog()
+
+
+def model(name: str) -> ModelArchitecture:
+    found = MODELS.lookup(name)
+    assert found is not None, name
+    return found.architecture
+
+
+def shape(heads: int, kv_heads: int, attention: Any = "gqa") -> ModelArchitecture:
+    extra = {"kv_lora_rank": 512, "rope_head_dim": 64} if attention == "mla" else {}
+    return ModelArchitecture(
+        num_layers=2,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=64,
+        hidden_size=heads * 64,
+        intermediate_size=4 * heads * 64,
+        vocab_size=32000,
+        attention=attention,
+        **extra,
+    )
+
+
+@pytest.mark.parametrize(
+    ("arch", "valid"),
+    [
+        (model("llama-3-8b"), [1, 2, 4, 8]),  # 32 heads, 8 KV heads
+        (model("llama-3-70b"), [1, 2, 4, 8]),  # 64 heads, 8 KV heads
+        (shape(28, 4), [1, 2, 4]),  # Qwen2.5-7B: 28 heads do not split over 8
+        (shape(32, 2), [1, 2, 4, 8]),  # 2 KV heads: replicated 2x on 4 GPUs, 4x on 8
+        (shape(12, 3), [1, 3, 6]),  # 3 KV heads: not over 2 or 4 GPUs; replicated 2x on 6
+        (shape(40, 40), [1, 2, 4, 5, 8]),  # multi-head attention: KV heads = heads
+        (shape(16, 1, "mla"), [1, 2, 4, 8]),  # MLA: only the query heads count
+    ],
+)
+def test_valid_sizes(arch: ModelArchitecture, valid: list[int]) -> None:
+    assert valid_tensor_parallel_sizes(arch) == valid
+    for tp in range(1, 9):
+        assert (tensor_parallel_problem(arch, tp) is None) == (tp in valid)
+
+
+def test_reasons_name_the_heads_and_the_valid_sizes() -> None:
+    assert tensor_parallel_problem(shape(28, 4), 8) == (
+        "gpusPerReplica 8 does not divide the model's 28 attention heads, which vLLM refuses "
+        "at start-up; valid sizes: 1, 2, 4"
+    )
+    assert tensor_parallel_problem(shape(12, 3), 2) == (
+        "gpusPerReplica 2 does not divide the model's 3 KV heads, which vLLM refuses at "
+        "start-up; valid sizes: 1, 3, 6"
+    )
+
+
+def test_kv_heads_fewer_than_gpus_but_not_a_divisor() -> None:
+    # 24 heads, 3 KV heads over 6 GPUs: heads split (4 each), KV heads replicated 2x: fine.
+    assert tensor_parallel_problem(shape(24, 3), 6) is None
+    # Over 4 GPUs: 24 heads split, but 3 KV heads cannot be copied in whole onto 4.
+    problem = tensor_parallel_problem(shape(24, 3), 4)
+    assert problem is not None
+    assert "is not a multiple of the model's 3 KV heads" in problem
+
+
+def test_placement_refuses_a_split_vllm_would_refuse_on_every_pool() -> None:
+    choice = choose_pool(request(gpus_per_replica=8), inventory(), ENGINE, shape(28, 4))
+    assert choice.chosen is None
+    assert "valid sizes: 1, 2, 4" in reasons(choice, "gpu-h100")
+    # The pool's own limit is reported beside it: one GPU per T4 node.
+    assert "nodes have 1 GPUs, a replica needs 8" in reasons(choice, "t4-pool")
