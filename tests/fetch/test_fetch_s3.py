@@ -156,8 +156,11 @@ def test_the_kvq_fetch_command_in_a_pod_like_environment(s3_env: Any, tmp_path: 
         "--link",
         str(link),
     ]
+    # As in the pod: HOME, HF_HOME and TMPDIR point into the pod's emptyDir, not there yet.
+    scratch = str(tmp_path / "kvq-model" / ".home")
+    env = {**os.environ, "HOME": scratch, "HF_HOME": scratch, "TMPDIR": scratch}
     done = subprocess.run(
-        command, env=dict(os.environ), capture_output=True, text=True, timeout=120, check=False
+        command, env=env, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "3 files downloaded" in done.stdout

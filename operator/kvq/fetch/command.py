@@ -37,6 +37,10 @@ def fetch_model(uri: str, revision: str | None, cache: str, link: str | None) ->
 
 def run_fetch(uri: str, revision: str | None, cache: str, link: str | None) -> int:
     """The command: 0 when the model is in place; 1 with the cause in the termination log."""
+    # In the pod these point into an emptyDir that starts empty (the root is read-only).
+    for name in ("HOME", "HF_HOME", "TMPDIR"):
+        if os.environ.get(name):
+            Path(os.environ[name]).mkdir(parents=True, exist_ok=True)
     try:
         report = fetch_model(uri, revision, cache, link)
     except Exception as error:  # the whole failure goes to the operator, whatever it is
