@@ -298,6 +298,9 @@ def probe(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of prompts and sampling")] = 1234,
     needle_trials: Annotated[int, typer.Option(min=1, help="Needles per depth and length")] = 2,
+    needle_distractors: Annotated[
+        int, typer.Option(min=0, max=20, help="Other facts of the same shape in each haystack")
+    ] = 3,
     max_context: Annotated[
         int | None, typer.Option(min=64, help="Longest context (default: the server's)")
     ] = None,
@@ -334,6 +337,7 @@ def probe(
         baseline_url=baseline_url,
         seed=seed,
         needle_trials=needle_trials,
+        needle_distractors=needle_distractors,
         max_context=max_context,
         budget_s=budget_s,
         requirements=requirements,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from e2e.prometheus.server import RunningPrometheus, ScrapeTarget, prometheus_running
@@ -18,27 +19,36 @@ from e2e.prometheus.server import RunningPrometheus, ScrapeTarget, prometheus_ru
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.models import architecture_from_hf_config
 from kvq.planner import plan_cpu_capacity
-from kvq.render import container_command, effective_settings
+from tests.engine.conftest import EnginePool
 from tests.engine.launch import (
     ENGINE_IMAGE,
-    KV_CACHE_SPACE_GIB,
+    MAX_MODEL_LEN,
+    PROBE_MODEL,
+    EngineCase,
     ServedEngine,
-    gpu_pool,
+    cpu_features,
     inference_service,
+    kv_cache_bytes,
+    trained_probe_model,
 )
 from tests.engine.test_vllm_cpu import complete
 from tests.prometheus_support import require_prometheus, wait_for_reading
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
-CASE = ("head32", "fp8")
 METRICS = load_engine_catalog().capability(ENGINE_IMAGE.rsplit(":v", 1)[1]).metrics
-MAX_MODEL_LEN = 512
 SCRAPE_INTERVAL_S = 1.0
 
 
+@pytest.fixture(scope="module")
+def serving(engines: EnginePool, cpu_backend: cpu_features.CpuBackend) -> ServedEngine:
+    """The probe model with fp8 where this CPU serves it, else with auto."""
+    dtype = "fp8" if cpu_backend.fp8_kv_cache else "auto"
+    return engines.serve(EngineCase(PROBE_MODEL, dtype))
+
+
 def isvc_identity(served: ServedEngine) -> tuple[str, str]:
-    isvc = inference_service(*CASE)
+    isvc = inference_service(served.case)
     assert isvc.metadata.name == served.served_model_name
     return isvc.metadata.namespace or "", isvc.metadata.name
 
@@ -58,29 +68,21 @@ def prometheus(
         yield running
 
 
-def rendered_kv_cache_dtype() -> str:
-    """The --kv-cache-dtype kvq renders for the case (what status.effective reports)."""
-    isvc = inference_service(*CASE)
-    pool = gpu_pool()
-    argv = container_command(
-        isvc, pool, effective_settings(isvc, pool.gpu), python="python", wrapper_path="w", port=1
-    )
-    return argv[argv.index("--kv-cache-dtype") + 1]
-
-
-def planned_kv_tokens(served: ServedEngine) -> int:
-    config_path = served.engine.log_path.parent / f"tiny-{CASE[0]}" / "config.json"
+def planned_kv_tokens(served: ServedEngine, engine_python: Path) -> int:
+    config_path = trained_probe_model(engine_python) / "config.json"
     arch = architecture_from_hf_config(json.loads(config_path.read_text()))
     plan = plan_cpu_capacity(
-        arch, rendered_kv_cache_dtype(), KV_CACHE_SPACE_GIB, max_model_len=MAX_MODEL_LEN
+        arch,
+        served.rendered_kv_cache_dtype,
+        kv_cache_bytes(served.case) / 2**30,
+        max_model_len=MAX_MODEL_LEN,
     )
     assert plan.fits, plan.reason
     return plan.kv_tokens
 
 
-@pytest.mark.parametrize("serving", [CASE], indirect=True, ids="-".join)
 def test_reader_gets_dtype_and_planned_capacity_from_prometheus(
-    serving: ServedEngine, prometheus: RunningPrometheus
+    serving: ServedEngine, prometheus: RunningPrometheus, engine_python: Path
 ) -> None:
     namespace, service = isvc_identity(serving)
     for _ in range(3):
@@ -95,13 +97,12 @@ def test_reader_gets_dtype_and_planned_capacity_from_prometheus(
         what="Prometheus to hold the engine's series",
     )
 
-    assert reading.cache_dtype == rendered_kv_cache_dtype() == "fp8"
-    assert reading.kv_tokens == planned_kv_tokens(serving)
+    assert reading.cache_dtype == serving.rendered_kv_cache_dtype == serving.case.kv_cache_dtype
+    assert reading.kv_tokens == planned_kv_tokens(serving, engine_python)
     assert reading.kv_cache_usage is not None and 0.0 <= reading.kv_cache_usage <= 1.0
     assert reading.requests_waiting == 0.0
 
 
-@pytest.mark.parametrize("serving", [CASE], indirect=True, ids="-".join)
 def test_reader_sees_the_engine_under_load(
     serving: ServedEngine, prometheus: RunningPrometheus
 ) -> None:

@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import urllib.error
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from kvq.fallback.classifier import classify_failure
+from kvq.fallback.classifier import FailureKind, classify_failure
 from kvq.fallback.evidence import FailureEvidence
+from tests.engine.conftest import EnginePool
 from tests.engine.launch import (
-    KV_CACHE_SPACE_GIB,
+    PROBE_MODEL,
+    EngineCase,
     ServedEngine,
+    StartedFailure,
+    kv_cache_bytes,
     server,
-    start_engine,
-    termination_message,
 )
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
@@ -33,9 +34,10 @@ FP8_HEAD_SIZE_ERROR = "FP8 KV cache requires head_size divisible by 32 on CPU."
 HEAD_DIM_16_ERROR = "Unsupported CPU attention configuration: head_dim=16"
 # Kubernetes keeps at most 4 KiB of termination message.
 TERMINATION_MESSAGE_LIMIT = 4096
-# One server start per case; tests taking `serving` share it.
-SERVED_CASES = [("head80", "auto"), ("head32", "fp8")]
-serves = pytest.mark.parametrize("serving", SERVED_CASES, indirect=True, ids="-".join)
+HEAD80_FP8 = EngineCase("head80", "fp8")
+# Served cases (the pool shares each server with the other modules that use it).
+SERVED_CASES = [HEAD80_FP8.fallback(), EngineCase(PROBE_MODEL, "fp8")]
+serves = pytest.mark.parametrize("serving", SERVED_CASES, indirect=True, ids=lambda c: c.id)
 LOAD_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
 BYTES_PER_ELEMENT = {"auto": 2, "fp8": 1}  # auto stores the model dtype, bfloat16
 
@@ -60,22 +62,23 @@ def metric_samples(served: ServedEngine) -> dict[str, list[Sample]]:
 
 
 def test_fp8_on_head_dim_80_fails_start_up_and_the_operator_falls_back(
-    engine_python: Path, tmp_path: Path
+    engines: EnginePool,
 ) -> None:
-    outcome = start_engine(engine_python, tmp_path, "head80", "fp8")
+    outcome = engines.outcome(HEAD80_FP8)
 
-    assert isinstance(outcome, server.StartupFailure), "vLLM served FP8 with head_dim 80"
+    assert isinstance(outcome, StartedFailure), "vLLM served FP8 with head_dim 80"
     assert outcome.exit_code != 0
     assert FP8_HEAD_SIZE_ERROR in outcome.log
     # What the pod status would carry: the wrapper's summary, root cause included.
-    message = termination_message(tmp_path)
+    message = outcome.termination_message
     assert FP8_HEAD_SIZE_ERROR in message
     assert len(message.encode()) <= TERMINATION_MESSAGE_LIMIT
     verdict = classify_failure(
         FailureEvidence(pod="engine", exit_code=outcome.exit_code, termination_message=message),
         kv_cache_dtype="fp8",
     )
-    assert verdict.fallback, verdict.reason
+    assert verdict.kind is FailureKind.DTYPE_REJECTED, verdict.reason
+    assert verdict.fallback
 
 
 @serves
@@ -105,7 +108,7 @@ def test_cache_config_info_reports_dtype_and_the_planned_capacity(serving: Serve
     block_size = int(info.labels["block_size"])
     bytes_per_token = serving.shape.kv_bytes_per_token(BYTES_PER_ELEMENT[serving.kv_cache_dtype])
     # Whole blocks of the KV space: 2 x layers x kv_heads x head_dim x bytes per token.
-    blocks = KV_CACHE_SPACE_GIB * 2**30 // (bytes_per_token * block_size)
+    blocks = kv_cache_bytes(serving.case) // (bytes_per_token * block_size)
 
     assert info.labels["cache_dtype"] == serving.kv_cache_dtype
     assert int(info.labels["num_gpu_blocks"]) == blocks
@@ -121,22 +124,19 @@ class CrashAfterStart:
 
 
 @pytest.fixture(scope="module")
-def head16_first_request(
-    engine_python: Path, tmp_path_factory: pytest.TempPathFactory
-) -> CrashAfterStart:
+def head16_first_request(engines: EnginePool) -> CrashAfterStart:
     """head_dim 16 with `auto`: healthy, then the first request kills the engine."""
-    workdir = tmp_path_factory.mktemp("head16-auto")
-    started = start_engine(engine_python, workdir, "head16", "auto")
-    assert isinstance(started, ServedEngine), "vLLM did not start with head_dim 16"
+    case = EngineCase("head16", "auto")
+    started = engines.serve(case)
     try:
         with pytest.raises(urllib.error.HTTPError) as refused:
             complete(started, "The KV cache", max_tokens=1)
         refused.value.close()
         exit_code = started.engine.wait_for_exit(timeout_s=120)
     finally:
-        started.engine.stop()
+        engines.stop(case)
     return CrashAfterStart(
-        refused.value.code, exit_code, started.engine.log(), termination_message(workdir)
+        refused.value.code, exit_code, started.engine.log(), started.termination_message()
     )
 
 

@@ -61,6 +61,7 @@ class ProbeOptions:
     needle_depths: tuple[float, ...] = tasks.NEEDLE_DEPTHS
     needle_lengths: tuple[int, ...] = ()  # tokens; default: shares of max_model_len
     needle_trials: int = 2
+    needle_distractors: int = tasks.NEEDLE_DISTRACTORS
     max_context: int | None = None
     json_cases: int = 12
     repetition_cases: int = 6
@@ -256,9 +257,9 @@ def needle_lengths(options: ProbeOptions, max_context: int) -> list[int]:
     return sorted({max(32, round(share * usable)) for share in NEEDLE_LENGTH_SHARES})
 
 
-def calibrate(client: EngineClient, seed: int) -> Calibration:
+def calibrate(client: EngineClient, seed: int, distractors: int) -> Calibration:
     """Tokens per filler character, measured with this server's tokenizer (usage counts)."""
-    cases = [tasks.needle_case(seed, n, 0.5) for n in CALIBRATION_CHARS]
+    cases = [tasks.needle_case(seed, n, 0.5, distractors) for n in CALIBRATION_CHARS]
     counts = [client.complete(c.prompt, 1, logprobs=False).prompt_tokens for c in cases]
     chars = [len(c.prompt) for c in cases]
     per_char = max(1e-3, (counts[1] - counts[0]) / (chars[1] - chars[0]))
@@ -270,13 +271,13 @@ def plan_items(options: ProbeOptions, client: EngineClient, max_context: int) ->
     items: list[Item] = []
     wanted = set(options.suites)
     if "needle" in wanted:
-        calibration = calibrate(client, options.seed + _NEEDLE_SEED)
+        calibration = calibrate(client, options.seed + _NEEDLE_SEED, options.needle_distractors)
         for length in needle_lengths(options, max_context):
             chars = calibration.filler_chars_for(length)
             for depth_index, depth in enumerate(options.needle_depths):
                 for trial in range(options.needle_trials):
                     seed = options.seed + _NEEDLE_SEED + length * 1000 + depth_index * 10 + trial
-                    case = tasks.needle_case(seed, chars, depth)
+                    case = tasks.needle_case(seed, chars, depth, options.needle_distractors)
                     items.append(Item("needle", case.prompt, NEEDLE_MAX_TOKENS, case, length))
     if "json" in wanted:
         for i in range(options.json_cases):

