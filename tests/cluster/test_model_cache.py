@@ -125,8 +125,9 @@ def test_pod_binds_and_mounts_the_cache_and_downloads_first(
     assert mounts["/kvq-cache"].read_only is True
     assert mounts["/kvq-model"].read_only is True
     assert engine.command[engine.command.index("--model") + 1] == "/kvq-model/model"
-    # The API server accepted every derived field as it is.
-    assert engine.resources.requests == {"cpu": "4", "memory": "21Gi"}
+    # The API server took the derived fields as they are (and the GPU request from its limit).
+    assert engine.resources.requests == {"cpu": "4", "memory": "21Gi", "nvidia.com/gpu": "1"}
+    assert engine.resources.limits == {"memory": "21Gi", "nvidia.com/gpu": "1"}
     assert running.spec.security_context.fs_group == 65532
     assert running.spec.automount_service_account_token is False
     [init_status] = running.status.init_container_statuses
