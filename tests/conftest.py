@@ -4,6 +4,9 @@ Tests marked `cluster` ask for `kube` (or `namespace`, `viewer`): the first such
 one cluster for the whole session (building the pinned binaries if they are not cached), and
 the session's end stops it. Tests that ask for none of these never start anything.
 
+Opt-in add-ons on that cluster: a test that asks for `keda` or `gateway` starts that add-on
+once for the session (built on first use; see kvq.devcluster.addons).
+
 Environment: KVQ_TEST_PROFILE picks the cluster profile (default hetero);
 KVQ_TEST_CLUSTER names the run dir (default: one per checkout and pytest process, removed
 after a passing session; kept, minus etcd's data, for its logs when a test failed).
@@ -25,6 +28,7 @@ import pytest
 from kubernetes import client as k8s
 
 from kvq.devcluster import cluster
+from kvq.devcluster.addons import start_addons
 from kvq.devcluster.binaries import Binaries, BinaryBuildError, ensure_binaries
 from kvq.devcluster.clients import Kube, api_client, close_client
 from kvq.devcluster.waits import wait_until
@@ -79,6 +83,36 @@ def kube(request: pytest.FixtureRequest) -> Iterator[Kube]:
         shutil.rmtree(Path(state.run_dir) / "etcd-data", ignore_errors=True)
         if request.session.testsfailed == 0 and "KVQ_TEST_CLUSTER" not in os.environ:
             shutil.rmtree(state.run_dir, ignore_errors=True)
+
+
+def _start_addon(request: pytest.FixtureRequest, kube: Kube, name: str) -> dict[str, str]:
+    """An opt-in add-on on the session's cluster, started once (the first test that asks);
+    it stops with the cluster. Its build's progress is shown live; a failure is one line."""
+    failure = ""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    try:
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            start_addons(kube.state, [name])
+        return kube.state.addons[name]
+    except (BinaryBuildError, cluster.ClusterStartError) as error:
+        failure = str(error)
+    pytest.fail(f"the {name} add-on did not start: {failure}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def keda(request: pytest.FixtureRequest, kube: Kube) -> dict[str, str]:
+    """KEDA (operator + external-metrics API server, CRDs) on the session's cluster; what it
+    exposes: namespace, apiService, metricsServer, operatorMetrics."""
+    return _start_addon(request, kube, "keda")
+
+
+@pytest.fixture(scope="session")
+def gateway(request: pytest.FixtureRequest, kube: Kube) -> dict[str, str]:
+    """Traefik (Gateway API, standard channel; InferencePool CRD installed) on the session's
+    cluster with GatewayClass `traefik` and Gateway `kvq-gateway/kvq-gateway`; what it exposes:
+    url (the listener, http://127.0.0.1:PORT), gateway, namespace, gatewayClass, listenerPort,
+    edgeNode and edgeAddress (empty when this machine has no non-loopback address)."""
+    return _start_addon(request, kube, "gateway")
 
 
 @pytest.fixture(scope="session")

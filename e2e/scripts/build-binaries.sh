@@ -3,7 +3,7 @@
 # into $KVQ_CACHE/bin/<name>-<version>/ (default ~/.cache/kvq). A binary already there, built
 # with the same recipe (module, ldflags, Go), is not rebuilt.
 #
-# Usage: build-binaries.sh [component ...]   (default: etcd kwok kubernetes helm)
+# Usage: build-binaries.sh [component ...]   (default: etcd kwok kubernetes helm keda)
 #
 # Progress goes to stderr as `[build-binaries] ...` lines: which component, elapsed time, the
 # measured cold-build time as an estimate, and a heartbeat every $KVQ_BUILD_HEARTBEAT_S (30 s)
@@ -28,12 +28,13 @@ export CGO_ENABLED=0
 # Two cores: one package build at a time per go command keeps memory and time predictable.
 export GOMAXPROCS=${GOMAXPROCS:-2}
 build_date=2026-01-01T00:00:00Z
-default_components=(etcd kwok kubernetes helm)
+default_components=(etcd kwok kubernetes helm keda)
 
 # Cold-build wall time per component in seconds (empty cache, this project's 2-core machine;
 # e2e/README.md "Measurements"). Shown as the estimate; etcd's includes fetching Go itself.
 declare -A cold_s=([etcd]=80 [kwok]=134 [kube-apiserver]=410 [kube-controller-manager]=120
-  [kube-scheduler]=10 [helm]=150)
+  [kube-scheduler]=10 [helm]=150 [keda]=900 [keda-adapter]=120 ["keda-crds manifests"]=5
+  [traefik]=600 ["gateway-api-crds manifests"]=5 ["inference-extension-crds manifests"]=5)
 
 log() {
   echo "[build-binaries] $*" >&2
@@ -142,7 +143,7 @@ install_into() {
 build_module() {
   local name=$1 v=$2 module=$3 pkg=$4 ld=$5 prepare=${6:-}
   local dest="$bin_root/$name-$v" want
-  want=$(recipe "$module@$v" "$pkg" "$ld")
+  want=$(recipe "$module@$v" "$pkg" "$ld" "${prepare:+$(declare -f "$prepare" | sha256sum | cut -c1-16)}")
   if is_built "$dest" "$want" "$name"; then return; fi
   building "$name"
   (
@@ -168,6 +169,96 @@ component_etcd() {
 component_kwok() {
   build_module kwok "$KWOK_VERSION" sigs.k8s.io/kwok sigs.k8s.io/kwok/cmd/kwok \
     "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+}
+
+# fetch_manifests NAME VERSION MODULE DIR GLOB: files DIR/GLOB of MODULE@VERSION (CRDs, as the
+# module publishes them) into $cache/manifests/NAME-VERSION/.
+fetch_manifests() {
+  local name=$1 v=$2 module=$3 dir=$4 glob=$5
+  local dest="$cache/manifests/$name-$v" want
+  want=$(recipe "$module@$v" "$dir/$glob")
+  if [ -f "$dest/.recipe" ] && [ "$(cat "$dest/.recipe")" = "$want" ]; then return; fi
+  building "$name manifests"
+  local src tmp="$dest.tmp"
+  src=$(go mod download -json "$module@$v" 2>>"$log_file" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  # shellcheck disable=SC2086  # the glob expands here
+  cp "$src/$dir/"$glob "$tmp/"
+  chmod u+w "$tmp"/*
+  echo "$want" >"$tmp/.recipe"
+  rm -rf "$dest"
+  mv "$tmp" "$dest"
+  built "$name manifests"
+}
+
+component_keda() {
+  # The operator (upstream's binary is called keda) and the external-metrics API server,
+  # one module: the second build reuses nearly every package of the first.
+  local v=$KEDA_VERSION m=github.com/kedacore/keda/v2
+  local ld="-X $m/version.Version=$v -X $m/version.GitCommit=release-$v"
+  build_module keda "$v" "$m" "$m/cmd/operator" "$ld"
+  build_module keda-adapter "$v" "$m" "$m/cmd/adapter" "$ld"
+  fetch_manifests keda-crds "$v" "$m" config/crd/bases '*.yaml'
+}
+
+# Traefik v3.7 from the module proxy needs three things its module does not bring:
+# - github.com/traefik/traefik/dynamic/ext, which its go.mod replaces with its own nested
+#   ./pkg/config/dynamic/ext; a nested module is left out of the module zip, and the proxy
+#   serves no such module. Upstream's file is empty extension points (types HTTP, Router,
+#   RouterIng): the wrapper gets the same as a local module.
+# - its fork of go-http-auth at the 2026 revision, which the proxy this project uses refuses
+#   ("This module version is not available"): the fork's 2020 revision (the one Traefik v2
+#   shipped) has the same API for the basic and digest auth middlewares.
+# - the SDKs of 13 of lego's ~190 ACME DNS-challenge providers, refused the same way: a copy
+#   of lego whose provider registry leaves those 13 out.
+# None of them is on the gateway's path. The function's text is part of the recipe.
+traefik_prepare() {
+  local w=$1 lego_version lego
+  local fork=github.com/containous/go-http-auth@v0.4.1-0.20200324110947-a37a7636d23e
+  local dropped="alidns aliesa azion dnsimple edgedns edgeone huaweicloud oraclecloud regfish
+    sakuracloud tencentcloud ucloud yandexcloud"
+  mkdir -p "$w/ext"
+  printf 'module github.com/traefik/traefik/dynamic/ext\n\ngo 1.24.0\n' >"$w/ext/go.mod"
+  printf '%s\n' 'package ext' '' '// HTTP is a dynamic.HTTP extension.' 'type HTTP struct{}' '' \
+    '// Router is a dynamic.Router extension.' 'type Router struct{}' '' \
+    '// RouterIng is a RouterIng extension for ingress provider annotations.' \
+    'type RouterIng struct{}' '' '// ToRouter converts RouterIng to a Router.' \
+    'func (r RouterIng) ToRouter() Router { return Router{} }' >"$w/ext/ext.go"
+  lego_version=$(go mod edit -json "$(module_gomod github.com/traefik/traefik/v3 "$TRAEFIK_VERSION")" \
+    | python3 -c 'import json,sys; print(next(r["Mod"]["Version"] for r in json.load(sys.stdin)["Require"] if r["Mod"]["Path"] == "github.com/go-acme/lego/v5"))')
+  lego=$(go mod download -json "github.com/go-acme/lego/v5@$lego_version" 2>>"$log_file" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  cp -r "$lego" "$w/lego"
+  chmod -R u+w "$w/lego"
+  # shellcheck disable=SC2086  # one provider per word
+  python3 - "$w/lego/providers/dns/zz_gen_dns_providers.go" $dropped <<'PY'
+import re, sys
+path, dropped = sys.argv[1], sys.argv[2:]
+text = open(path).read()
+for name in dropped:
+    text, imports = re.subn(rf'\n\t"github.com/go-acme/lego/v5/providers/dns/{name}"', "", text)
+    text, cases = re.subn(rf'\n\tcase [^\n]*:\n\t\treturn {name}\.NewDNSProvider\(\)', "", text)
+    assert (imports, cases) == (1, 1), (name, imports, cases)
+open(path, "w").write(text)
+PY
+  (cd "$w" && go mod edit -replace github.com/traefik/traefik/dynamic/ext=./ext \
+    -replace "github.com/abbot/go-http-auth=$fork" \
+    -replace github.com/go-acme/lego/v5=./lego 2>>"$log_file")
+}
+
+component_gateway() {
+  # Traefik with its Kubernetes Gateway API provider, the Gateway API's standard-channel
+  # CRDs at the version that Traefik is built against, and the InferencePool CRD.
+  local v=$TRAEFIK_VERSION m=github.com/traefik/traefik/v3
+  local ld="-X $m/pkg/version.Version=$v -X $m/pkg/version.BuildDate=$build_date"
+  build_module traefik "$v" "$m" "$m/cmd/traefik" "$ld" traefik_prepare
+  fetch_manifests gateway-api-crds "$GATEWAY_API_VERSION" sigs.k8s.io/gateway-api \
+    config/crd/standard '*.yaml'
+  fetch_manifests inference-extension-crds "$INFERENCE_EXTENSION_VERSION" \
+    sigs.k8s.io/gateway-api-inference-extension config/crd/bases \
+    'inference.networking.k8s.io_inferencepools.yaml'
 }
 
 component_helm() {
@@ -224,6 +315,8 @@ version_of() {
     kwok) echo "$KWOK_VERSION" ;;
     kubernetes) echo "$KUBERNETES_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
+    keda) echo "$KEDA_VERSION" ;;
+    gateway) echo "$TRAEFIK_VERSION" ;;
   esac
 }
 
@@ -231,7 +324,7 @@ components=("$@")
 [ ${#components[@]} -gt 0 ] || components=("${default_components[@]}")
 for c in "${components[@]}"; do
   if ! declare -F "component_$c" >/dev/null; then
-    echo "[build-binaries] error: unknown component '$c' (known: ${default_components[*]})" >&2
+    echo "[build-binaries] error: unknown component '$c' (known: ${default_components[*]} gateway)" >&2
     exit 2
   fi
 done

@@ -63,6 +63,16 @@ def locate_binaries() -> Binaries:
     )
 
 
+def cached_binary(name: str, version_key: str) -> Path:
+    """An add-on's binary in the cache, `bin/<name>-<version>/<name>` (built by the script)."""
+    return cache_dir() / "bin" / f"{name}-{read_versions()[version_key]}" / name
+
+
+def cached_manifests(name: str, version_key: str) -> Path:
+    """Manifests the script took from a module (CRDs), `manifests/<name>-<version>/`."""
+    return cache_dir() / "manifests" / f"{name}-{read_versions()[version_key]}"
+
+
 def build_log() -> Path:
     return cache_dir() / "logs" / "build-binaries.log"
 

@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from kvq.devcluster import cluster
+from kvq.devcluster.addons import ADDON_NAMES, start_addons
 from kvq.devcluster.binaries import BinaryBuildError, ensure_binaries
 from kvq.devcluster.profiles import load_profile, scale_profile
 
@@ -37,16 +38,24 @@ def up(
         int | None,
         typer.Option(help="Scale the profile's pools to this many nodes in all (proportionally)."),
     ] = None,
+    addons: Annotated[
+        str,
+        typer.Option(help="Opt-in add-ons to start too, comma-separated: keda, gateway."),
+    ] = "",
     build_timeout: Annotated[
         float | None,
         typer.Option(help="Seconds the build of missing binaries may take (default 3600)."),
     ] = None,
 ) -> None:
     """Start a fresh cluster with the profile's GPU node pools and wait until it is ready."""
+    wanted = [a.strip() for a in addons.split(",") if a.strip()]
     try:
         chosen = load_profile(profile)
         if nodes is not None:
             scale_profile(chosen, nodes)
+        unknown = sorted(set(wanted) - set(ADDON_NAMES))
+        if unknown:
+            raise ValueError(f"unknown add-on {unknown[0]!r} (known: {', '.join(ADDON_NAMES)})")
     except (FileNotFoundError, ValidationError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from error
@@ -60,12 +69,19 @@ def up(
             binaries=binaries,
             nodes=nodes,
         )
+        try:
+            start_addons(state, wanted)
+        except BaseException:
+            cluster.down(name)  # `up` is all or nothing
+            raise
     except (BinaryBuildError, cluster.ClusterStartError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from error
     typer.echo(f"cluster {state.name!r} ready in {state.startup_seconds} s ({state.server})")
     steps = ", ".join(f"{k} {v} s" for k, v in state.milestones.items())
     typer.echo(f"profile: {state.profile}; {steps}")
+    for addon, exposed in state.addons.items():
+        typer.echo(f"add-on {addon}: " + ", ".join(f"{k} {v}" for k, v in exposed.items()))
     typer.echo(f"logs: {Path(state.run_dir) / 'logs'}")
     typer.echo(f"viewer (no RBAC bindings): {state.viewer_kubeconfig}")
     typer.echo(f"export KUBECONFIG={state.kubeconfig}")

@@ -58,6 +58,8 @@ class ClusterState:
     startup_seconds: float = 0.0
     # Seconds from the start of `up` to each milestone, to see where start-up time goes.
     milestones: dict[str, float] = field(default_factory=dict)
+    # Add-ons started on this cluster (kvq.devcluster.addons): name -> what each exposes.
+    addons: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def save(self) -> None:
         Path(self.run_dir, STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -143,8 +145,7 @@ def up(
     rest = Rest(server, tls_context(pki.ca.cert, admin_pair.cert, admin_pair.key))
 
     def launch(component: str, argv: list[str]) -> None:
-        state.processes.append(start_process(component, argv, logs / f"{component}.log"))
-        state.save()
+        launch_component(state, component, argv)
 
     try:
         launch("etcd", _etcd_args(bins, root, ports, pki))
@@ -217,6 +218,30 @@ def status(name: str = "dev") -> dict[str, Any]:
         "logs": str(Path(state.run_dir) / "logs"),
         "startup_seconds": state.startup_seconds,
     }
+
+
+def launch_component(
+    state: ClusterState, component: str, argv: list[str], env: dict[str, str] | None = None
+) -> Running:
+    """Start one process of the cluster (logs/<component>.log); `down` will stop it."""
+    log = Path(state.run_dir) / "logs" / f"{component}.log"
+    running = start_process(component, argv, log, env=env)
+    state.processes.append(running)
+    state.save()
+    return running
+
+
+def wait_alive(
+    state: ClusterState,
+    probe: Callable[[], object],
+    what: str,
+    timeout: float,
+    suspect: str,
+    interval: float = 0.1,
+) -> None:
+    """Until `probe()` holds; ClusterStartError (one line naming the log) when a component
+    of the cluster dies meanwhile or the deadline passes (naming `suspect`'s log)."""
+    _wait_alive(probe, what, timeout, state, suspect, interval)
 
 
 def admin_rest(state: ClusterState) -> Rest:

@@ -22,7 +22,7 @@ def tls_context(ca: Path, cert: Path | None = None, key: Path | None = None) -> 
     return ctx
 
 
-def get_ok(url: str, ctx: ssl.SSLContext) -> bool:
+def get_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
     """True when `url` answers 200 (a health endpoint); False on any error."""
     try:
         with urllib.request.urlopen(url, context=ctx, timeout=2) as response:
