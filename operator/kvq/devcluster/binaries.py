@@ -24,6 +24,8 @@ from kvq.devcluster.paths import cache_dir, e2e_dir, read_versions
 # depending on what else ran; an hour is the budget unless KVQ_BUILD_TIMEOUT_S says otherwise.
 DEFAULT_BUILD_TIMEOUT_S = 3600.0
 PROGRESS_PREFIX = "[build-binaries]"
+# The build script's components a cluster needs to start (and Helm, which the tests use).
+CONTROL_PLANE = ("etcd", "kwok", "kubernetes", "helm")
 # Not relayed: the summary when nothing had to be built (not worth a line on every cluster
 # start) and the error line, which BinaryBuildError carries to the caller.
 _QUIET = (f"{PROGRESS_PREFIX} cached:", f"{PROGRESS_PREFIX} error:")
@@ -121,8 +123,10 @@ def build_components(components: Sequence[str] = (), timeout: float | None = Non
 
 
 def ensure_binaries(timeout: float | None = None) -> Binaries:
-    """The default components, built first when missing (slow once, cached by version)."""
-    build_components(timeout=timeout)
+    """The control plane's components, built first when missing (slow once, cached by
+    version). Add-ons (KEDA, the gateway) are built when one is started, not here: a first
+    cluster start waits for nothing it does not run."""
+    build_components(CONTROL_PLANE, timeout=timeout)
     binaries = locate_binaries()
     absent = [p for p in binaries.missing() if p != binaries.kubectl]
     if absent:
