@@ -293,7 +293,14 @@ class EngineSpec(KubeModel):
     shm_size: Quantity | None = None
     """Size of /dev/shm (a memory-backed emptyDir, counted in the memory request); 1 GiB per
     GPU of the replica when omitted (NCCL and the engine's workers exchange tensors there)."""
-    run_as_user: Annotated[int | None, Field(ge=1, le=2147483647)] = None
+    run_as_user: Annotated[
+        int | None,
+        FieldRule(
+            cel="self >= 1 && self <= 2147483647",
+            message="runAsUser must be a non-root user ID: 1 or more (0 is root)",
+            check=lambda v: 1 <= v <= 2_147_483_647,
+        ),
+    ] = None
     """Run the engine as this non-root user ID (with runAsNonRoot, and HOME on a writable
     emptyDir). vllm/vllm-openai is built to run as root and writes its caches under /root:
     this works with it only because kvq moves HOME; an image with its own non-root user
