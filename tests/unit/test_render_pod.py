@@ -181,7 +181,7 @@ def test_resources_from_the_spec_win_and_are_checked() -> None:
     wrong = isvc(
         engine={"resources": {"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}}
     )
-    with pytest.raises(RenderError, match="requests.memory 64Gi is above limits.memory 32Gi"):
+    with pytest.raises(RenderError, match=r"requests\.memory 64Gi is above limits\.memory 32Gi"):
         render(wrong)
 
 
