@@ -517,9 +517,12 @@ def run(
             "--prometheus-url without its credentials)"
         ),
     ] = None,
-    probe_image: Annotated[
+    operator_image: Annotated[
         str,
-        typer.Option(help="Image of the quality probe Jobs (kvq's own image: it has kvq probe)"),
+        typer.Option(
+            help="kvq's own image: the model download (kvq fetch) and quality probes "
+            "(kvq probe) run it"
+        ),
     ] = "kvq/operator:0.1.0",
     autoscaling_authentication: Annotated[
         str | None,
@@ -565,7 +568,7 @@ def run(
             pool_labels=tuple(pool_label or ()),
             autoscaling_prometheus_url=autoscaling_prometheus_url,
             autoscaling_authentication=autoscaling_authentication,
-            probe_image=probe_image,
+            operator_image=operator_image,
             ladder=LadderPolicy(
                 suspect_repeats=suspect_restarts,
                 retry_after=timedelta(seconds=retry_after),

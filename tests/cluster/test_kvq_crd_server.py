@@ -88,7 +88,17 @@ def test_short_name_category_and_columns(crd: Kube, namespace: str) -> None:
     listed = kubectl(crd, "get", "kis", "-n", namespace)
     assert listed.returncode == 0, listed.stderr
     header = listed.stdout.splitlines()[0].split()
-    assert header == ["NAME", "MODEL", "REQUESTED", "EFFECTIVE", "POOL", "READY", "AGE"]
+    assert header == [
+        "NAME",
+        "MODEL",
+        "REQUESTED",
+        "EFFECTIVE",
+        "POOL",
+        "REPLICAS",
+        "TIERS",
+        "READY",
+        "AGE",
+    ]
     by_category = kubectl(crd, "get", "kvq", "-n", namespace, "-o", "name")
     assert "inferenceservice.kvq.dev/llama3-8b" in by_category.stdout
     stored = yaml.safe_load(

@@ -74,6 +74,8 @@ MATRIX = [
     Check("delete", "inferenceservices.kvq.dev", "served", False, False),
     Check("create", "statefulsets.apps", "served", False, False),
     Check("create", "jobs.batch", "served", True, True),
+    Check("create", "persistentvolumeclaims", "served", True, True),
+    Check("delete", "persistentvolumes", "cluster", False, False),
     Check("create", "cronjobs.batch", "served", False, False),
     Check("create", "serviceaccounts --subresource=token", "served", False, False),
     Check("create", "rolebindings.rbac.authorization.k8s.io", "served", False, False),

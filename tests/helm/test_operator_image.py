@@ -29,7 +29,7 @@ CHART_FLAGS = (
     "--retry-after-max",
     "--max-retries",
     "--metrics-port",
-    "--probe-image",
+    "--operator-image",
     "--liveness",
 )
 
@@ -97,7 +97,8 @@ def test_install_steps_give_a_working_kvq_outside_the_repo(tmp_path: Path) -> No
         done = subprocess.run(
             [str(kvq), *args],
             cwd=tmp_path,
-            env=env,
+            # Wide enough that rich never shortens an option's name in the help table.
+            env={**env, "COLUMNS": "250"},
             capture_output=True,
             text=True,
             timeout=60,

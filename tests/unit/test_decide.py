@@ -573,3 +573,40 @@ def test_credentials_never_reach_status_or_events() -> None:
     text = repr(second.status) + repr(second.events)
     assert token not in text
     assert "<redacted>" in text
+
+
+@pytest.mark.parametrize(
+    ("message", "stalled"),
+    [
+        ("huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. Repository Not "
+         "Found for url: https://huggingface.co/api/models/acme/nope/revision/main.", "True"),
+        ("huggingface_hub.errors.HfHubHTTPError: 503 Server Error: Service Unavailable for "
+         "url: https://huggingface.co/api/models/meta-llama/Meta-Llama-3-8B", "False"),
+    ],
+)  # fmt: skip
+def test_a_failed_model_download_is_model_unavailable_never_a_dtype_fallback(
+    message: str, stalled: str
+) -> None:
+    body = isvc()
+    first = decide(snapshot(body))
+    pod = crashing_pod(first, "")
+    pod["status"]["containerStatuses"][0] = {
+        "name": "vllm",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"waiting": {"reason": "PodInitializing"}},
+    }
+    pod["status"]["initContainerStatuses"] = [
+        {
+            "name": "kvq-fetch",
+            "ready": False,
+            "restartCount": 3,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}},
+        }
+    ]
+    second = decide(snapshot(with_status(body, first), pods=[pod]))
+    assert attempts(second) == []
+    assert conditions(second)["Degraded"] == ("True", "ModelUnavailable")
+    assert conditions(second)["Stalled"][0] == stalled
+    assert second.status["effective"]["kvCacheDtype"] == "fp8"

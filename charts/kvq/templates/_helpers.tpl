@@ -76,6 +76,10 @@ their logs (failure evidence), the kinds it renders, Events, and kopf's namespac
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, delete]
+# The model cache kvq owns (spec.model.cache.volumeClaim).
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, list, watch, create, patch, delete]
 # The quality gate (spec.quality): a probe Job per quantized rollout.
 - apiGroups: [batch]
   resources: [jobs]

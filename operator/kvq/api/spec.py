@@ -798,7 +798,10 @@ class InferenceServiceSpec(KubeModel):
             field_path=".quality.baselineTier",
         ),
         Rule(
-            cel="!has(self.tiers) || self.tiers.all(t, t.kvCache != self.kvCache)",
+            cel="!has(self.tiers) || self.tiers.all(t, t.kvCache.dtype != self.kvCache.dtype "
+            "|| t.kvCache.calculateScales != self.kvCache.calculateScales "
+            "|| (has(t.kvCache.blockSize) ? t.kvCache.blockSize : 0) "
+            "!= (has(self.kvCache.blockSize) ? self.kvCache.blockSize : 0))",
             message="a tier with the default tier's kvCache would run the same engine twice: "
             "give it another kvCache (typically dtype auto)",
             check=lambda s: all(t.kv_cache != s.kv_cache for t in s.tiers),

@@ -16,6 +16,7 @@ from kvq.api.status import FailureTally
 from kvq.fallback.classifier import Action, Classification, FailureKind, classify_failure
 from kvq.fallback.evidence import evidence_from_pod
 from kvq.fallback.ladder import Rung
+from kvq.fetch.failures import classify_fetch_failure, fetch_failure, fetch_termination_message
 
 # Verdicts made without a single word from the engine: worth its log before acting.
 _NEEDS_WORDS = frozenset({FailureKind.DTYPE_SUSPECT, FailureKind.UNKNOWN})
@@ -73,6 +74,13 @@ def examine_pods(
     healthy = bool(pods)
     for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
         name = str((pod.get("metadata") or {}).get("name"))
+        # A failed model download comes first: the engine never started (PodInitializing),
+        # and no KV-cache dtype is to blame.
+        download = fetch_termination_message(pod)
+        if download is not None:
+            healthy = False
+            found.append((_download_failure(download), f"{name}@fetch"))
+            continue
         evidence = evidence_from_pod(pod, log_tail=log_tails.get(name))
         if evidence is None:
             healthy = healthy and _ready(pod)
@@ -125,6 +133,18 @@ def tally_failures(
         signature=failure.signature,
         count=len(findings.terminations),
         seen=list(findings.terminations[-MAX_SEEN:]),
+    )
+
+
+def _download_failure(message: str) -> Classification:
+    failure, line = fetch_failure(message)
+    _, reason = classify_fetch_failure(message)
+    return Classification(
+        FailureKind.MODEL_UNAVAILABLE,
+        reason[:1].upper() + reason[1:] + ("" if reason.endswith(".") else "."),
+        line,
+        signature=f"fetch:{failure.kind}",
+        transient=failure.transient,
     )
 
 

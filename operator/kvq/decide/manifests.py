@@ -15,8 +15,9 @@ from typing import Any
 from kvq.api import keys
 from kvq.api.models import API_VERSION, KIND, InferenceService
 from kvq.api.spec import TierSpec
+from kvq.catalog.models import ModelArchitecture
 from kvq.decide.place import RungPlacement
-from kvq.decide.types import Catalogs, Manifest
+from kvq.decide.types import DEFAULT_OPERATOR_IMAGE, Catalogs, Manifest
 from kvq.fallback.ladder import Rung
 from kvq.placement.choice import PoolVerdict
 from kvq.render import (
@@ -52,12 +53,14 @@ def render_rung(
     catalogs: Catalogs,
     deployment: Mapping[str, Any] | None,
     tier: TierSpec | None = None,
+    arch: ModelArchitecture | None = None,
+    operator_image: str = DEFAULT_OPERATOR_IMAGE,
     replicas_owned_elsewhere: bool = False,
 ) -> Rendered:
     """The objects for `placement`'s rung on the pool of `verdict` (raises RenderError)."""
     pool = verdict.pool
     rung: Rung = placement.rung
-    effective = effective_settings(isvc, pool.gpu, rung.value, engines=catalogs.engines)
+    effective = effective_settings(isvc, pool.gpu, rung.value, engines=catalogs.engines, arch=arch)
     rendered = engine_args(isvc, pool, effective, alias=tier.model_alias() if tier else None)
     annotations = {
         keys.ANNOTATION_LADDER_KEY: key,
@@ -71,6 +74,7 @@ def render_rung(
         pod_annotations=annotations,
         tier=tier,
         replicas_owned_elsewhere=replicas_owned_elsewhere,
+        fetch_image=operator_image,
     )
     pod_hash = _pod_hash(manifests)
     rollout = _rollout(isvc, verdict, deployment, pod_hash)

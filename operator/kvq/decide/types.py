@@ -17,7 +17,7 @@ from kvq.placement.discovery import DEFAULT_POOL_LABELS, GpuPod
 from kvq.render.autoscaling import PrometheusAccess
 
 Manifest = dict[str, Any]
-DEFAULT_PROBE_IMAGE = "kvq/operator:0.1.0"
+DEFAULT_OPERATOR_IMAGE = "kvq/operator:0.1.0"
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,9 @@ class OperatorConfig:
     """Repeats, back-offs and the grace period of the fallback ladder and placement."""
     autoscaling_prometheus: PrometheusAccess | None = None
     """Where KEDA reads the engine signals; None: the operator has no Prometheus."""
-    probe_image: str = DEFAULT_PROBE_IMAGE
-    """The image the quality probe Job runs (kvq's own: it has `kvq probe`)."""
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
+    """kvq's own image: the model download (`kvq fetch`, an init container) and the quality
+    probe (`kvq probe`, a Job) run it."""
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,8 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
             catalogs=snap.catalogs,
             deployment=snap.deployment,
             tier=tier,
+            arch=arch,
+            operator_image=snap.config.operator_image,
             replicas_owned_elsewhere=tier is not None
             and isvc.spec.autoscaling is not None
             and snap.keda,
@@ -167,7 +169,7 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
         probed_hash=rendered.pod_hash,
         kv_cache_dtype=rendered.effective.kv_cache_dtype,
         rolled_out=rolled_out(snap, rendered.pod_hash),
-        image=snap.config.probe_image,
+        image=snap.config.operator_image,
         now=snap.now,
     )
     if job is not None:

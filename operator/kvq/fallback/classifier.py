@@ -49,6 +49,7 @@ class FailureKind(StrEnum):
     KILLED = "Killed"
     CRASH_AFTER_READY = "CrashAfterReady"
     CONFIG_ERROR = "ConfigError"
+    MODEL_UNAVAILABLE = "ModelUnavailable"
     UNKNOWN = "Unknown"
 
 
@@ -136,6 +137,11 @@ REMEDIES: dict[FailureKind, tuple[Action, str]] = {
         "is not expected to help.",
     ),
     _K.CONFIG_ERROR: (Action.FIX, "Fix the setting the message names."),
+    _K.MODEL_UNAVAILABLE: (
+        Action.FIX,
+        "The model download (the kvq-fetch init container) failed; the message says whether "
+        "to fix the URI, the revision, the credentials or the cache, or to wait for the Hub.",
+    ),
     _K.UNKNOWN: (Action.FIX, "Look at the engine's log (kubectl logs --previous)."),
 }
 
@@ -150,10 +156,12 @@ class Classification:
     signature: str = ""
     """The root-cause line with numbers and addresses blanked: the same failure twice has
     the same signature."""
+    transient: bool = False
+    """The cause passes on its own (a Hub outage during the model download): wait."""
 
     @property
     def action(self) -> Action:
-        return REMEDIES[self.kind][0]
+        return Action.WAIT if self.transient else REMEDIES[self.kind][0]
 
     @property
     def remedy(self) -> str:

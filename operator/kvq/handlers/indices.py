@@ -47,6 +47,7 @@ OWNED_INDICES: dict[str, tuple[str, str, str]] = {
     "kvq_services": ("", "v1", "services"),
     "kvq_pdbs": ("policy", "v1", "poddisruptionbudgets"),
     "kvq_jobs": ("batch", "v1", "jobs"),
+    "kvq_pvcs": ("", "v1", "persistentvolumeclaims"),
     # KEDA's and the Gateway API's, when installed (kopf watches them once their CRDs are).
     "kvq_scaledobjects": ("keda.sh", "v1alpha1", "scaledobjects"),
     "kvq_httproutes": ("gateway.networking.k8s.io", "v1", "httproutes"),

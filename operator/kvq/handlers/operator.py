@@ -23,7 +23,7 @@ from kvq.api.models import GROUP, PLURAL, VERSION
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
-from kvq.decide.types import DEFAULT_PROBE_IMAGE, Catalogs, OperatorConfig
+from kvq.decide.types import DEFAULT_OPERATOR_IMAGE, Catalogs, OperatorConfig
 from kvq.fallback.ladder import LadderPolicy
 from kvq.handlers import indices
 from kvq.handlers.controller import (
@@ -73,8 +73,8 @@ class RunOptions:
     """Where KEDA reads the engine signals; default: --prometheus-url without credentials."""
     autoscaling_authentication: str | None = None
     """A KEDA ClusterTriggerAuthentication holding Prometheus' credentials, by name."""
-    probe_image: str = DEFAULT_PROBE_IMAGE
-    """The image of quality probe Jobs (the operator's own: it has `kvq probe`)."""
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
+    """kvq's own image, for the model download (kvq fetch) and quality probes (kvq probe)."""
     peering_lifetime: int = DEFAULT_PEERING_LIFETIME
     """Seconds a replica's peering record lives without a heartbeat: how long a standby
     waits before taking over from a replica that died without saying goodbye."""
@@ -104,7 +104,7 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
         metrics_min_interval=timedelta(seconds=options.metrics_interval),
         ladder=options.ladder,
         autoscaling_prometheus=_autoscaling_prometheus(options),
-        probe_image=options.probe_image,
+        operator_image=options.operator_image,
     )
     controller = Controller(
         workers=options.workers,
