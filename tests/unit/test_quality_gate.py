@@ -79,7 +79,7 @@ def rolled(body: dict[str, Any]) -> tuple[Plan, dict[str, Any]]:
 
 def test_a_ready_quantized_rollout_gets_one_probe_job() -> None:
     body = gated()
-    ready, live = rolled(body)
+    ready, _ = rolled(body)
     (job,) = jobs(ready)
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:2] == ["kvq", "probe"]
@@ -124,7 +124,33 @@ def test_a_failure_on_auto_never_falls_back() -> None:
     body = gated(kvCache={"dtype": "auto"})
     ready, _ = rolled(body)
     assert jobs(ready) == []  # nothing to blame on the cache: nothing is probed
-    assert conditions(ready)["QualityVerified"] == ("Unknown", "Pending")
+    assert conditions(ready)["QualityVerified"] == ("True", "NotQuantized")
+
+
+def test_after_a_quality_fallback_the_condition_keeps_saying_why() -> None:
+    body = gated()
+    ready, live = rolled(body)
+    (job,) = jobs(ready)
+    pod = probe_pod(job, summary("Fail", 0.4))
+    failed = decide(
+        snapshot(with_status(body, ready), deployment=live, pods=[pod], owned=[live, job])
+    )
+    assert failed.status["effective"]["kvCacheDtype"] == "auto"
+    on_auto = decide(snapshot(with_status(body, failed), deployment=rolled_out(failed)))
+    assert conditions(on_auto)["QualityVerified"] == ("False", "QualityRegression")
+    assert jobs(on_auto) == []  # auto is never probed
+
+
+def test_the_probe_pod_is_never_taken_by_the_engines_selectors() -> None:
+    body = gated()
+    ready, live = rolled(body)
+    (job,) = jobs(ready)
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    for selector in (
+        live["spec"]["selector"]["matchLabels"],
+        next(o for o in ready.apply if o["kind"] == "Service")["spec"]["selector"],
+    ):
+        assert not all(labels.get(k) == v for k, v in selector.items())
 
 
 def test_a_probe_without_a_summary_is_unknown_not_a_failure() -> None:

@@ -45,15 +45,15 @@ def read_probe(snap: Snapshot, previous: InferenceServiceStatus) -> QualityGate:
         return QualityGate(None, None)
     stored = previous.quality
     probed = previous.effective.args_hash if previous.effective else None
+    dtype = previous.effective.kv_cache_dtype if previous.effective else None
     finished = _finished_probe(snap.pods, probed) if probed else None
     if finished is None:
-        return QualityGate(stored, _condition(stored, probed))
+        return QualityGate(stored, _condition(stored, probed, dtype))
     job, summary = finished
     if stored is not None and stored.job == job:
-        return QualityGate(stored, _condition(stored, probed))  # already on record
+        return QualityGate(stored, _condition(stored, probed, dtype))  # already on record
     status = _status(summary, probed or "", job, snap.now)
     verdict = None
-    dtype = previous.effective.kv_cache_dtype if previous.effective else None
     if (
         status.verdict == "Fail"
         and quality.on_failure == "fallback"
@@ -64,7 +64,7 @@ def read_probe(snap: Snapshot, previous: InferenceServiceStatus) -> QualityGate:
             f"The quality probe failed: {status.reason}",
             "\n".join(status.checks),
         )
-    return QualityGate(status, _condition(status, probed), verdict, newly_recorded=True)
+    return QualityGate(status, _condition(status, probed, dtype), verdict, newly_recorded=True)
 
 
 def probe_job(
@@ -157,7 +157,24 @@ def _status(
     )
 
 
-def _condition(status: QualityStatus | None, probed: str | None) -> ConditionUpdate:
+def _condition(
+    status: QualityStatus | None, probed: str | None, dtype: str | None
+) -> ConditionUpdate:
+    if dtype == "auto" and (status is None or status.probed_hash != probed):
+        if status is not None and status.verdict == "Fail":
+            # The fallback the failure caused: keep saying why the cache is auto.
+            return ConditionUpdate(
+                "QualityVerified",
+                "False",
+                "QualityRegression",
+                f"{status.reason} (the service fell back to the auto cache).",
+            )
+        return ConditionUpdate(
+            "QualityVerified",
+            "True",
+            "NotQuantized",
+            "The KV cache is not quantized (auto): the gate has nothing to check.",
+        )
     if status is None or status.probed_hash != probed:
         return ConditionUpdate(
             "QualityVerified",

@@ -18,6 +18,7 @@ from kvq.render.manifests import labels_for, workload_name
 
 PROBE_CONTAINER = "probe"
 COMPONENT_PROBE = "quality-probe"
+PROBE_NAME = "kvq-probe"
 TERMINATION_LOG = "/dev/termination-log"
 
 
@@ -56,6 +57,9 @@ def render_probe_job(
     command += [f"--require={requirement}" for requirement in quality.require]
     labels = {
         **labels_for(isvc),
+        # Not the engines' name: their Deployment's and Service's selectors must never
+        # take the probe's pod.
+        keys.LABEL_NAME: PROBE_NAME,
         keys.LABEL_COMPONENT: COMPONENT_PROBE,
         keys.LABEL_PROBED_HASH: probed_hash[:16],
     }
