@@ -18,7 +18,17 @@ EVERYTHING = {
     "grafanaDashboard": {"enabled": True},
     "metrics": {"port": 8080, "service": {"port": 8080}, "serviceMonitor": {"enabled": True}},
 }
-OWNED = {"deployments", "services", "configmaps", "poddisruptionbudgets"}
+OWNED = {
+    "deployments",
+    "services",
+    "configmaps",
+    "poddisruptionbudgets",
+    "jobs",  # quality probes
+    "persistentvolumeclaims",  # model caches kvq owns
+    "scaledobjects",  # KEDA, for spec.autoscaling
+    "httproutes",  # Gateway API, for spec.routing
+    "inferencepools",
+}
 WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
 
 
@@ -142,9 +152,8 @@ def test_optional_monitoring_objects(tmp_path: Path) -> None:
 
 def test_engine_metrics_wiring_matches_what_kvq_renders(tmp_path: Path) -> None:
     from kvq.api.models import InferenceService
-    from kvq.catalog.gpus import load_gpu_catalog
-    from kvq.placement.pool import pool_for_gpu
-    from kvq.render import effective_settings, render_manifests
+    from kvq.render import render_manifests
+    from tests.unit.render_cases import pool, settings
 
     values = {
         "engineMetrics": {
@@ -169,9 +178,7 @@ def test_engine_metrics_wiring_matches_what_kvq_renders(tmp_path: Path) -> None:
             "spec": {"model": {"uri": "hf://meta-llama/Meta-Llama-3-8B"}},
         }
     )
-    gpu = load_gpu_catalog().lookup("H100")
-    assert gpu is not None
-    objects = render_manifests(isvc, pool_for_gpu(gpu), effective_settings(isvc, gpu))
+    objects = render_manifests(isvc, pool("H100"), settings(isvc, "H100"))
     service = next(o for o in objects if o["kind"] == "Service")
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
@@ -206,6 +213,20 @@ def test_a_prometheus_url_with_credentials_comes_from_a_secret(tmp_path: Path) -
     )
 
 
+def test_autoscaling_values_reach_the_operator(tmp_path: Path) -> None:
+    values = {
+        "autoscaling": {
+            "prometheusUrl": "http://prometheus.monitoring:9090",
+            "clusterTriggerAuthentication": "prometheus-basic-auth",
+        }
+    }
+    args = container(render(tmp_path, values))["args"]
+    assert "--autoscaling-prometheus-url=http://prometheus.monitoring:9090" in args
+    assert "--autoscaling-authentication=prometheus-basic-auth" in args
+    defaults = container(render(tmp_path, {}))["args"]
+    assert not any(a.startswith("--autoscaling") for a in defaults)
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
@@ -217,6 +238,15 @@ def test_a_prometheus_url_with_credentials_comes_from_a_secret(tmp_path: Path) -
         ({"image": {"repository": "x", "pullPolicy": "Always", "digest": "latest"}}, "digest"),
         ({"prometheusRule": {"enabled": True, "kvCacheUsageThreshold": 90}}, "kvCacheUsage"),
         ({"replica": 2}, "replica"),
+        (
+            {
+                "autoscaling": {
+                    "prometheusUrl": "http://admin:hunter2@prometheus:9090",
+                    "clusterTriggerAuthentication": "",
+                }
+            },
+            "prometheusUrl",
+        ),
     ],
 )
 def test_schema_refuses_bad_values(tmp_path: Path, values: dict[str, Any], complaint: str) -> None:
