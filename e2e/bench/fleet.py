@@ -93,6 +93,9 @@ class Results:
     create_to_deployment_at_1000_s: dict[str, float] = field(default_factory=dict)
     fallbacks: int = 0
     fallback_s: dict[str, float] = field(default_factory=dict)
+    requests_during_waves: float = 0.0
+    """kvq's requests the flow-control counter saw while the services rolled out: zero means
+    the counter does not count kvq (wrong FlowSchema), and the figure at rest means nothing."""
     requests_per_s_at_rest: float | None = None
     cpu_percent_at_rest: float | None = None
     rss_mb: float | None = None
@@ -115,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         _prepare(kube)
         kubeconfig = _operator_kubeconfig(kube, Path(state.run_dir))
         with _operator(kubeconfig, Path(state.run_dir) / "operator.log") as operator:
+            before_waves = _dispatched(kube)
             _run_waves(kube, args, results)
+            results.requests_during_waves = _dispatched(kube) - before_waves
             _measure_rest(kube, operator, args.rest, results)
     finally:
         api.close()  # type: ignore[no-untyped-call]
@@ -467,6 +472,7 @@ def _judge(results: Results) -> None:
         and at_100 <= GOALS["create_to_deployment_p95_at_100_s"],
         "fallback_p95_s": fallback is not None and fallback <= GOALS["fallback_p95_s"],
         "requests_per_s_at_rest": results.requests_per_s_at_rest is not None
+        and results.requests_during_waves > 0
         and results.requests_per_s_at_rest <= GOALS["requests_per_s_at_rest"],
         "rss_mb": results.rss_mb is not None and results.rss_mb <= GOALS["rss_mb"],
     }
@@ -488,7 +494,8 @@ def _print(results: Results) -> None:
         ("fallback (crash seen -> auto Deployment)",
          f"{_fmt(results.fallback_s)} ({results.fallbacks} fallbacks)",
          f"p95 < {GOALS['fallback_p95_s']:.0f} s", mark("fallback_p95_s")),
-        ("kvq API requests at rest", f"{results.requests_per_s_at_rest}/s",
+        ("kvq API requests at rest", f"{results.requests_per_s_at_rest}/s "
+         f"({results.requests_during_waves:.0f} counted during the waves)",
          f"< {GOALS['requests_per_s_at_rest']:.0f}/s", mark("requests_per_s_at_rest")),
         ("operator RSS at rest", f"{results.rss_mb} MB", f"< {GOALS['rss_mb']:.0f} MB",
          mark("rss_mb")),
