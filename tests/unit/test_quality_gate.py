@@ -178,3 +178,27 @@ def test_a_periodic_gate_runs_again_once_the_period_is_over() -> None:
     )
     (again,) = jobs(later)
     assert again["metadata"]["name"] != job["metadata"]["name"]
+
+
+def test_only_the_default_tier_is_probed() -> None:
+    # A quantized extra tier beside the default: the gate judges the default tier's answers
+    # (it reads verdicts only there), so a Job for the tier would never be answered.
+    body = gated(tiers=[{"name": "bulk", "kvCache": {"dtype": "fp8_e4m3"}}])
+    first = decide(snapshot(body))
+    default_live = rolled_out(first)
+    bulk = rolled_out(first)
+    rendered = next(
+        o
+        for o in first.apply
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "llama-bulk"
+    )
+    bulk["metadata"], bulk["spec"] = rendered["metadata"], rendered["spec"]
+    ready = decide(
+        snapshot(with_status(body, first), deployment=default_live, owned=[default_live, bulk])
+    )
+    assert ready.status["tiersReady"] == "2/2"
+    (job,) = jobs(ready)
+    assert (
+        "--url=http://llama.team-a.svc:8000"
+        in job["spec"]["template"]["spec"]["containers"][0]["command"]
+    )

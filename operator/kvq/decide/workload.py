@@ -163,14 +163,18 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     if scaled is not None and scaled.manifest is not None:
         owned = owned_by(isvc, scaled.manifest)
         rendered = replace(rendered, manifests=(*rendered.manifests, owned))
-    job = probe_job(
-        isvc,
-        gate,
-        probed_hash=rendered.pod_hash,
-        kv_cache_dtype=rendered.effective.kv_cache_dtype,
-        rolled_out=rolled_out(snap, rendered.pod_hash),
-        image=snap.config.operator_image,
-        now=snap.now,
+    job = (
+        probe_job(
+            isvc,
+            gate,
+            probed_hash=rendered.pod_hash,
+            kv_cache_dtype=rendered.effective.kv_cache_dtype,
+            rolled_out=rolled_out(snap, rendered.pod_hash),
+            image=snap.config.operator_image,
+            now=snap.now,
+        )
+        if tier is None  # the gate probes the default tier (an extra tier is its baseline)
+        else None
     )
     if job is not None:
         rendered = replace(rendered, manifests=(*rendered.manifests, owned_by(isvc, job)))
