@@ -36,6 +36,14 @@ from kvq.devcluster.waits import wait_until
 CLUSTER_START_TIMEOUT = 300.0
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test that uses the gateway add-on is marked `gateway`: `make test` leaves it out
+    # (Traefik's cold build is not in CI's budget), `make test-gateway` runs it.
+    for item in items:
+        if "gateway" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.gateway)
+
+
 def _session_cluster_name() -> str:
     # Checkout and pid: sessions running side by side (CI, a developer, a second terminal)
     # each get their own cluster instead of restarting each other's.

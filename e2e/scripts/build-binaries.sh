@@ -227,13 +227,13 @@ traefik_prepare() {
     'type RouterIng struct{}' '' '// ToRouter converts RouterIng to a Router.' \
     'func (r RouterIng) ToRouter() Router { return Router{} }' >"$w/ext/ext.go"
   lego_version=$(go mod edit -json "$(module_gomod github.com/traefik/traefik/v3 "$TRAEFIK_VERSION")" \
-    | python3 -c 'import json,sys; print(next(r["Mod"]["Version"] for r in json.load(sys.stdin)["Require"] if r["Mod"]["Path"] == "github.com/go-acme/lego/v5"))')
+    | python3 -c 'import json,sys; print(next(r["Version"] for r in json.load(sys.stdin)["Require"] if r["Path"] == "github.com/go-acme/lego/v5"))' 2>>"$log_file")
   lego=$(go mod download -json "github.com/go-acme/lego/v5@$lego_version" 2>>"$log_file" \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])' 2>>"$log_file")
   cp -r "$lego" "$w/lego"
   chmod -R u+w "$w/lego"
   # shellcheck disable=SC2086  # one provider per word
-  python3 - "$w/lego/providers/dns/zz_gen_dns_providers.go" $dropped <<'PY'
+  python3 - "$w/lego/providers/dns/zz_gen_dns_providers.go" $dropped 2>>"$log_file" <<'PY'
 import re, sys
 path, dropped = sys.argv[1], sys.argv[2:]
 text = open(path).read()

@@ -9,6 +9,7 @@ them with the rest. What each add-on exposes (URLs, names) lands in `state.addon
 from __future__ import annotations
 
 import time
+import urllib.error
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import yaml
 
 from kvq.devcluster.cluster import ClusterStartError, ClusterState, admin_rest, wait_alive
 from kvq.devcluster.rest import Rest, object_path
+from kvq.devcluster.waits import WaitTimeoutError, wait_until
 
 ADDON_NAMES = ("keda", "gateway")
 DEFAULT_ADDON_TIMEOUT = 180.0
@@ -62,12 +64,12 @@ def apply_all(state: ClusterState, objects: Iterable[dict[str, Any]], log: Path)
     rest = admin_rest(state)
     crds = []
     for obj in objects:
+        what = f"{obj['kind']} {obj['metadata']['name']}"
         try:
-            rest.apply(obj)
-        except OSError as error:
-            raise ClusterStartError(
-                f"applying {obj['kind']} {obj['metadata']['name']} failed ({error}); read {log}"
-            ) from error
+            _apply_when_served(rest, obj, what)
+        except (OSError, WaitTimeoutError) as error:
+            first_line = str(error).splitlines()[0]
+            raise ClusterStartError(f"applying {what} failed ({first_line}); read {log}") from error
         if obj["kind"] == "CustomResourceDefinition":
             crds.append(obj)
 
@@ -77,6 +79,22 @@ def apply_all(state: ClusterState, objects: Iterable[dict[str, Any]], log: Path)
     if crds:
         wait_alive(state, established, "the add-on's CRDs Established", 60, "kube-apiserver")
     return rest
+
+
+def _apply_when_served(rest: Rest, obj: dict[str, Any], what: str) -> None:
+    """Apply; a 404 is retried for a while: just after a CRD is Established the API server
+    may still be installing the new resource's handler."""
+
+    def applied() -> bool:
+        try:
+            rest.apply(obj)
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return False
+            raise
+        return True
+
+    wait_until(applied, what=f"{what} applied (its resource served)", timeout=30, interval=0.5)
 
 
 def wait_condition(

@@ -96,8 +96,8 @@ def object_path(obj: dict[str, Any]) -> str:
 
 def _plural(kind: str) -> str:
     lower = kind.lower()
-    if lower.endswith("y"):
-        return lower[:-1] + "ies"
+    if lower.endswith("y") and lower[-2:-1] not in ("a", "e", "o", "u"):
+        return lower[:-1] + "ies"  # policy -> policies, gateway -> gateways
     if lower.endswith(("s", "x", "ch")):
         return lower + "es"
     return lower + "s"
