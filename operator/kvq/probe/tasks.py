@@ -70,7 +70,8 @@ def filler(rng: random.Random, sentences: int) -> list[str]:
 
 
 def needle_value(rng: random.Random) -> str:
-    return str(rng.randrange(1000, 10000))
+    """A two-digit number: one in 90 by chance, and a copy a small model can learn."""
+    return str(rng.randrange(10, 100))
 
 
 def needle_fact(key: str, value: str) -> str:
@@ -228,6 +229,15 @@ def json_case(seed: int, kind: str | None = None) -> JsonCase:
 def json_answer(case: JsonCase) -> str:
     """The completion a perfect model gives: one line of JSON after a space."""
     return " " + json.dumps(case.expected)
+
+
+def copy_example(seed: int, words: int) -> tuple[str, str]:
+    """(prompt, answer) of a plain copy task: not probed, but it teaches a small model the
+    attention pattern (find the earlier occurrence, copy what follows) that retrieval needs."""
+    rng = random.Random(seed)
+    vocabulary = _ADJECTIVES + _NOUNS + _VERBS + _PLACES + NEEDLE_KEYS
+    text = " ".join(rng.choice(vocabulary) for _ in range(words))
+    return f"Copy the words.\n{text}\nCopy:", f" {text}"
 
 
 def continuation_prompt(seed: int, sentences: int = 3) -> str:
