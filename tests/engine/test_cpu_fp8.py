@@ -33,7 +33,9 @@ from tests.engine.launch import (
 )
 from tests.engine.test_vllm_cpu import complete
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
+# The first module to use the probe model: on a cold cache outside `make test-engine`
+# (which trains it first, `make engine-model`), its first test trains it (minutes).
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
 FP8 = EngineCase(PROBE_MODEL, "fp8")
 FP8_WITHOUT_AVX512 = EngineCase(PROBE_MODEL, "fp8", hide_avx512=True)
