@@ -583,9 +583,7 @@ _TIER_NAME_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 class HeaderMatch(KubeModel):
     """An exact request-header match."""
 
-    name: Annotated[
-        str, Field(min_length=1, max_length=256, pattern=r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
-    ]
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[a-z0-9!#$%&'*+.^_`|~-]+$")]
     """Header name, in lower case (header names are case-insensitive on the wire)."""
     value: Annotated[str, Field(min_length=1, max_length=4096)]
     """Exact header value."""
@@ -712,9 +710,7 @@ class QualitySpec(KubeModel):
             },
         ),
         UniqueItems(),
-    ] = Field(
-        default_factory=lambda: list[QualitySuite](["needle", "json", "repetition"])
-    )
+    ] = Field(default_factory=lambda: list[QualitySuite](["needle", "json", "repetition"]))
     """Which checks run."""
     require: Annotated[
         list[
