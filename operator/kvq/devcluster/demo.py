@@ -101,7 +101,7 @@ def _run_demo(profile: str, name: str) -> int:
     try:
         kubectl("get", "nodes", "-L", "nvidia.com/gpu.product", show=True)
         kubectl("apply", "--server-side", "-f", str(root / "crds"))
-        kubectl("wait", "--for=condition=Established", "crd/inferenceservices.kvq.dev")
+        _wait_established(kubectl, logs / "kube-apiserver.log")
         kubectl("create", "namespace", NAMESPACE)
         # The example references an HF token by Secret; KWOK pods never read it.
         kubectl(
@@ -152,12 +152,27 @@ def _kubectl(kubeconfig: str, server_log: Path) -> Callable[..., str]:
             raise DemoStepError(f"kubectl {args[0]} failed ({error}); read {server_log}") from error
         if result.returncode != 0:
             said = " ".join(result.stderr.split())
+            said = said if len(said) <= 300 else said[:297] + "..."
             raise DemoStepError(f"kubectl {' '.join(args)} failed: {said}; read {server_log}")
         if show:
             print(result.stdout, end="", flush=True)
         return result.stdout
 
     return call
+
+
+def _wait_established(kubectl: Callable[..., str], server_log: Path) -> None:
+    # Not `kubectl wait` (nor a jsonpath filter): both fail at once while a new CRD has no
+    # conditions yet.
+    def ready() -> bool:
+        crd = json.loads(kubectl("get", "crd", "inferenceservices.kvq.dev", "-o", "json"))
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    try:
+        wait_until(ready, what="the InferenceService CRD Established", timeout=60)
+    except WaitTimeoutError as error:
+        raise DemoStepError(f"{error}; read {server_log}") from error
 
 
 def _start_operator(kubeconfig: str, log_path: Path) -> subprocess.Popen[bytes]:
