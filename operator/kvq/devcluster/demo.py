@@ -47,9 +47,11 @@ def _condition(isvc: dict[str, Any], type_: str) -> str | None:
     return None
 
 
-def _attempt_kinds(isvc: dict[str, Any]) -> list[bool]:
+def _attempt_causes(isvc: dict[str, Any]) -> list[str]:
+    """Each move's cause: Incompatible is decided before deploying (static), Refused on the
+    engine's own refusal (runtime)."""
     attempts = ((isvc.get("status") or {}).get("fallback") or {}).get("attempts") or []
-    return [bool(a.get("static")) for a in attempts]
+    return [str(a.get("cause")) for a in attempts]
 
 
 EXPECTATIONS = (
@@ -57,19 +59,19 @@ EXPECTATIONS = (
         "llama3-8b-fp8.yaml",
         "llama3-8b",
         "FP8 KV cache on an FP8-capable pool that holds 64 sequences of 8k",
-        lambda i: _condition(i, "Ready") == "True" and _attempt_kinds(i) == [],
+        lambda i: _condition(i, "Ready") == "True" and _attempt_causes(i) == [],
     ),
     Expectation(
         "legacy-fp8-on-t4.yaml",
         "llama3-8b-legacy",
         "T4 only: static fallback to the AWQ model before deploying",
-        lambda i: _condition(i, "Ready") == "True" and _attempt_kinds(i) == [True],
+        lambda i: _condition(i, "Ready") == "True" and _attempt_causes(i) == ["Incompatible"],
     ),
     Expectation(
         "tiny-head80-fp8-sim.yaml",
         "tiny-head80",
         "engine rejects fp8 at start-up: runtime fallback to auto",
-        lambda i: _condition(i, "Ready") == "True" and _attempt_kinds(i) == [False],
+        lambda i: _condition(i, "Ready") == "True" and _attempt_causes(i) == ["Refused"],
     ),
 )
 
@@ -178,12 +180,13 @@ def _wait_established(kubectl: Callable[..., str], server_log: Path) -> None:
 def _start_operator(kubeconfig: str, log_path: Path) -> subprocess.Popen[bytes]:
     port = allocate_ports(["metrics"])["metrics"]
     env = {**os.environ, "KUBECONFIG": kubeconfig}
-    log = log_path.open("wb")
     command = [
         sys.executable, "-m", "kvq.cli", "run", "--namespace", NAMESPACE, "--standalone",
         "--metrics-port", str(port),
     ]  # fmt: skip
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # The child keeps its own copy of the descriptor: ours closes at once.
+    with log_path.open("wb") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _wait_for_outcomes(kubectl: Callable[..., str], operator: subprocess.Popen[bytes]) -> list[str]:
@@ -225,9 +228,11 @@ def _print_decisions(kubectl: Callable[..., str]) -> None:
             f" tokens, {capacity.get('ratioVsAuto')}x the auto cache"
         )
         for attempt in (status.get("fallback") or {}).get("attempts") or []:
-            kind = "static" if attempt.get("static") else "runtime"
-            print(f"  fallback ({kind}) {attempt['from']} -> {attempt['to']}: {attempt['reason']}")
-            if attempt.get("evidence") and not attempt.get("static"):
+            print(
+                f"  fallback ({attempt['cause']}) {attempt['from']} -> {attempt['to']}: "
+                f"{attempt['reason']}"
+            )
+            if attempt.get("evidence"):
                 print("    evidence: " + attempt["evidence"].splitlines()[0])
         for ignored in effective.get("ignored") or []:
             print(f"  ignored: {ignored['field']}: {ignored['reason']}")
