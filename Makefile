@@ -35,10 +35,11 @@ test: lint typecheck binaries prometheus
 	@$(PY) -m pytest -m "not engine and not gateway" tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# Tests that use the gateway add-on (Traefik, the Gateway API CRDs): Traefik is built on first
-# use (18 min cold on two shared cores), more than CI's budget leaves make test.
-test-gateway: binaries prometheus
-	@$(PY) -m pytest -m gateway tests; rc=$$?; \
+# Tests that use the gateway add-on (Traefik, the Gateway API CRDs; Traefik is built on first
+# use): the routing itself, and two tiers of one InferenceService on real vLLM behind it.
+test-gateway: binaries prometheus engine-model
+	@venv=$$(e2e/engine/install.sh) && KVQ_ENGINE_VENV=$$venv $(PY) -m pytest -m gateway tests; \
+	rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no gateway tests" >&2; exit 1; fi; exit $$rc
 
 demo:
@@ -57,7 +58,7 @@ engine-model: engine-venv # kvq's probe model, trained on this CPU once (minutes
 	@"$$(e2e/engine/install.sh)/bin/python" e2e/engine/train_model.py
 
 test-engine: prometheus engine-model # real vLLM on this CPU: eight engine starts, kvq probe on the trained model, Prometheus scraping one
-	@venv=$$(e2e/engine/install.sh) && KVQ_ENGINE_VENV=$$venv $(PY) -m pytest -m engine tests/engine; \
+	@venv=$$(e2e/engine/install.sh) && KVQ_ENGINE_VENV=$$venv $(PY) -m pytest -m "engine and not gateway" tests/engine; \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no engine tests" >&2; exit 1; fi; exit $$rc
 
 .PHONY: bench chaos
