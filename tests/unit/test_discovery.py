@@ -100,3 +100,29 @@ def test_a_configured_pool_label_wins() -> None:
     h200 = next(p for p in inventory.pools if p.name == "team-nvidia-h200")
     assert h200.node_selector == {"team.example.com/gpu-pool": "team-nvidia-h200"}
     assert h200.gpu.product == "H200"
+
+
+def test_nodes_read_once_per_version_still_count_each_decisions_pods() -> None:
+    from kvq.placement.discovery import GpuPod
+
+    nodes = ready_nodes("hetero")
+    for version, node in enumerate(nodes, start=1):
+        node["metadata"]["resourceVersion"] = str(version)
+    catalog = load_gpu_catalog()
+    h100 = next(n for n in nodes if "h100" in n["metadata"]["name"])
+    name = h100["metadata"]["name"]
+    busy = discover_pools(nodes, catalog, gpu_pods=[GpuPod(name, 3, ("a", "x"))])
+    idle = discover_pools(nodes, catalog)
+
+    def free(inventory: Any) -> int:
+        node = next(n for p in inventory.pools for n in p.nodes if n.name == name)
+        return int(node.free_for(None))
+
+    assert (free(busy), free(idle)) == (5, 8)  # the pods of one decision never stay behind
+    # A new version of a node is read again: cordoned, it is no longer ready.
+    cordoned = copy.deepcopy(h100)
+    cordoned["spec"]["unschedulable"] = True
+    cordoned["metadata"]["resourceVersion"] = "999"
+    later = discover_pools([cordoned if n is h100 else n for n in nodes], catalog)
+    node = next(n for p in later.pools for n in p.nodes if n.name == name)
+    assert not node.ready

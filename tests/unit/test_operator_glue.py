@@ -239,7 +239,7 @@ def test_a_node_heartbeat_wakes_nobody_and_a_readiness_change_wakes_its_pool() -
     assert _woken(controller, services) == {("a", "on-h100"), ("a", "waiting")}
 
 
-def test_gpus_taken_on_a_pool_wake_the_services_waiting_for_capacity() -> None:
+def test_gpus_taken_on_a_pool_wake_only_the_services_waiting_for_capacity() -> None:
     controller, services = _controller()
     controller.node_changed("n2", _gpu_node("n2", "gpu-l4"))
     for event in controller._signals.values():
@@ -253,8 +253,31 @@ def test_gpus_taken_on_a_pool_wake_the_services_waiting_for_capacity() -> None:
         "status": {"phase": "Running"},
     }
     controller.pod_changed("pod-uid", pod)
-    assert _woken(controller, services) == {("a", "on-l4"), ("a", "waiting")}
+    # Not the services placed on that pool: they stay where they are (their own pods'
+    # events wake them), and waking them all on every pod makes a rollout quadratic.
+    assert _woken(controller, services) == {("a", "waiting")}
     for event in controller._signals.values():
         event.clear()
     controller.pod_changed("pod-uid", pod)  # the same pod again: nothing new
     assert _woken(controller, services) == set()
+
+
+def test_a_fallback_waits_for_nodes_not_for_every_pod() -> None:
+    controller, services = _controller()
+    refused = ("a", "refused")
+    controller._signals[refused] = asyncio.Event()
+    controller._remember(refused, PassResult(pool="gpu-l4", watches_nodes=True))
+    controller.node_changed("n3", _gpu_node("n3", "gpu-h100"))
+    assert refused in _woken(controller, [*services, refused])  # a pool it may move back to
+    for event in controller._signals.values():
+        event.clear()
+    pod = {
+        "metadata": {"namespace": "b", "labels": {}},
+        "spec": {
+            "nodeName": "n3",
+            "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    controller.pod_changed("pod-uid", pod)
+    assert _woken(controller, [*services, refused]) == {("a", "waiting")}

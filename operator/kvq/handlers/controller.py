@@ -48,8 +48,11 @@ class PassResult:
     pool: str | None = None
     """The pool the service runs on (node changes there wake it)."""
     watches_capacity: bool = False
-    """The service waits for capacity or runs a fallback it may leave: any pool's change
-    wakes it."""
+    """The service waits for GPUs (not placed yet, a fallback for lack of room, or the pool
+    caps its autoscaling): GPUs taken or freed on any pool wake it."""
+    watches_nodes: bool = False
+    """The service runs a fallback that new or changed nodes may end (a pool that can run
+    the requested dtype): any GPU node's change wakes it."""
     conflict: bool = False
     """The view was stale: run again shortly."""
     gone: bool = False
@@ -66,6 +69,7 @@ class Controller:
     _changed_at: dict[EngineKey, float] = field(default_factory=dict)
     _pools: dict[EngineKey, str | None] = field(default_factory=dict)
     _watchers: set[EngineKey] = field(default_factory=set)
+    _node_watchers: set[EngineKey] = field(default_factory=set)
     _nodes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     _gpu_pods: dict[str, GpuPod | None] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
@@ -104,7 +108,7 @@ class Controller:
         if before == after:
             return  # a heartbeat, an image list: nothing placement reads
         pools = {f[0] for f in (before, after) if f is not None}
-        self.notify_many(self._interested(pools))
+        self.notify_many(self._placed_on(pools) | self._watchers | self._node_watchers)
 
     def pod_changed(self, uid: str, body: Mapping[str, Any] | None) -> None:
         """A pod event: GPUs taken or freed change what fits where."""
@@ -116,17 +120,19 @@ class Controller:
             self._gpu_pods[uid] = after
         if before == after:
             return
+        # Only the services waiting for GPUs: a placed service stays on its pool (its own
+        # pods' events wake it), so waking every service of the pool on every pod would
+        # make a fleet's rollout quadratic.
         nodes = {p.node for p in (before, after) if p is not None}
-        pools = {self._nodes[n][0] for n in nodes if n in self._nodes}
-        self.notify_many(self._interested(pools))
+        if any(n in self._nodes for n in nodes):
+            self.notify_many(self._watchers)
 
-    def _interested(self, pools: set[str]) -> set[EngineKey]:
-        placed = {
+    def _placed_on(self, pools: set[str]) -> set[EngineKey]:
+        return {
             key
             for key, pool in self._pools.items()
             if pool is not None and any(pool == p or pool.startswith(f"{p}-") for p in pools)
         }
-        return placed | self._watchers
 
     # --- the per-service loop ------------------------------------------------------------
 
@@ -191,16 +197,21 @@ class Controller:
 
     def _remember(self, key: EngineKey, result: PassResult) -> None:
         self._pools[key] = result.pool
-        if result.watches_capacity:
-            self._watchers.add(key)
-        else:
-            self._watchers.discard(key)
+        for watching, watchers in (
+            (result.watches_capacity, self._watchers),
+            (result.watches_nodes, self._node_watchers),
+        ):
+            if watching:
+                watchers.add(key)
+            else:
+                watchers.discard(key)
 
     def _forget(self, key: EngineKey) -> None:
         self._signals.pop(key, None)
         self._changed_at.pop(key, None)
         self._pools.pop(key, None)
         self._watchers.discard(key)
+        self._node_watchers.discard(key)
 
 
 def owner_of(labels: Mapping[str, str], namespace: str | None) -> EngineKey | None:

@@ -164,6 +164,9 @@ def _pass_result(runtime: Runtime, plan: Plan) -> PassResult:
     conditions = {c["type"]: c for c in status.get("conditions") or []}
     placed = conditions.get("Placed", {}).get("status") == "True"
     fallback = conditions.get("FallbackActive", {}).get("status") == "True"
+    attempts = (status.get("fallback") or {}).get("attempts") or []
+    for_room = fallback and bool(attempts) and attempts[-1].get("cause") == "Capacity"
+    capped = (status.get("autoscaling") or {}).get("limitedBy") == "pool"
     recheck = plan.recheck_after
     if runtime.metrics_reader is not None and plan.apply:
         due = runtime.config.metrics_min_interval
@@ -171,7 +174,8 @@ def _pass_result(runtime: Runtime, plan: Plan) -> PassResult:
     return PassResult(
         recheck_after=recheck,
         pool=(status.get("placement") or {}).get("pool"),
-        watches_capacity=not placed or fallback,
+        watches_capacity=not placed or for_room or capped,
+        watches_nodes=fallback,
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvq.api import keys
@@ -109,11 +109,41 @@ def discover_pools(
     for pod in gpu_pods:
         per_node = usage.setdefault(pod.node, {})
         per_node[pod.owner] = per_node.get(pod.owner, 0) + pod.gpus
+    facts = [_facts_of(node, tuple(pool_labels)) for node in nodes]
+    return _with_usage(_grouped(facts, catalog), usage)
+
+
+# A fleet's decisions read the same few hundred nodes again and again: a node is read once
+# per resourceVersion, and the pools are grouped once per set of node readings (the last
+# one kept). The GPUs pods hold, which change with every rollout, are added per decision.
+_FACTS_LIMIT = 20_000
+_facts_memo: dict[tuple[str, str, tuple[str, ...]], _NodeFacts | None] = {}
+_grouped_memo: dict[str, tuple[tuple[int, ...], list[_NodeFacts | None], Inventory]] = {}
+
+
+def _facts_of(node: Mapping[str, Any], pool_labels: tuple[str, ...]) -> _NodeFacts | None:
+    meta = node.get("metadata") or {}
+    version = meta.get("resourceVersion")
+    if not version:
+        return _read_node(node, pool_labels, {})
+    key = (str(meta.get("name", "")), str(version), pool_labels)
+    if key not in _facts_memo:
+        if len(_facts_memo) >= _FACTS_LIMIT:
+            _facts_memo.clear()
+        _facts_memo[key] = _read_node(node, pool_labels, {})
+    return _facts_memo[key]
+
+
+def _grouped(facts: list[_NodeFacts | None], catalog: GpuCatalog) -> Inventory:
+    # The entry holds its readings, so their ids cannot be reused while it is kept.
+    key = (id(catalog), *map(id, facts))
+    last = _grouped_memo.get("last")  # one read: reconciles run on several threads
+    if last is not None and last[0] == key:
+        return last[2]
     grouped: dict[str, list[_NodeFacts]] = {}
-    for node in nodes:
-        facts = _read_node(node, pool_labels, usage)
-        if facts is not None:
-            grouped.setdefault(facts.pool, []).append(facts)
+    for found in facts:
+        if found is not None:
+            grouped.setdefault(found.pool, []).append(found)
     pools: list[NodePool] = []
     unknown: list[UnknownGpuPool] = []
     for name, members in sorted(grouped.items()):
@@ -131,7 +161,29 @@ def discover_pools(
                 unknown.append(UnknownGpuPool(pool_name, product, len(same)))
                 continue
             pools.append(_pool(pool_name, name, gpu, same, pin_product=mixed))
-    return Inventory(tuple(pools), tuple(unknown))
+    inventory = Inventory(tuple(pools), tuple(unknown))
+    _grouped_memo["last"] = (key, facts, inventory)
+    return inventory
+
+
+def _with_usage(
+    inventory: Inventory, usage: Mapping[str, Mapping[OwnerKey | None, int]]
+) -> Inventory:
+    if not usage:
+        return inventory
+    pools = tuple(
+        replace(
+            pool,
+            nodes=tuple(
+                replace(node, used=dict(usage[node.name])) if node.name in usage else node
+                for node in pool.nodes
+            ),
+        )
+        if any(node.name in usage for node in pool.nodes)
+        else pool
+        for pool in inventory.pools
+    )
+    return Inventory(pools, inventory.unknown)
 
 
 def node_fingerprint(
