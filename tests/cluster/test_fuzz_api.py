@@ -13,7 +13,8 @@ RenderError.
 
 KVQ_FUZZ_EXAMPLES sets the number of documents (default 2000: about 2 minutes on two idle cores);
 KVQ_FUZZ_KNOWN_GAPS=1 also generates the inputs of the known disagreements (KNOWN_GAPS),
-which then fail. Each known gap has a strict-xfail test below with its minimal document.
+which then fail. Each disagreement found has a case below with its minimal document: a
+strict xfail while its gap is known, an ordinary regression test once it is fixed.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from kvq.api.models import GROUP, PLURAL, VERSION, InferenceService
-from kvq.api.validation import find_violations
+from kvq.api.validation import find_violations, parse_inference_service
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import GpuModel, load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
@@ -44,6 +45,7 @@ from kvq.decide.place import RungPlacement
 from kvq.decide.types import Catalogs
 from kvq.devcluster.clients import Kube
 from kvq.fallback.ladder import Rung, RungState
+from kvq.k8s.apply import server_side_apply
 from kvq.placement.choice import PoolChoice, PoolVerdict
 from kvq.placement.pool import pool_for_gpu
 from kvq.render import RenderError, effective_settings, render_manifests
@@ -109,13 +111,15 @@ class DryRuns:
         if kind not in self._resources:
             self._resources[kind] = self.dynamic.resources.get(api_version=kind[0], kind=kind[1])
         try:
-            self.dynamic.server_side_apply(
+            # The operator's own apply (its serialization included), as a dry run.
+            server_side_apply(
+                self.dynamic,
                 self._resources[kind],
-                body=manifest,
-                namespace=self.namespace,
+                manifest,
+                self.namespace,
                 field_manager="kvq-fuzz",
-                dry_run="All",
-                field_validation="Strict",
+                force=False,
+                dry_run=True,
             )
         except ApiException as error:
             if error.status not in REFUSED and not _refused_patch(error):
@@ -208,10 +212,10 @@ def check_document(
         return
     tally.counts["valid"] += 1
     assert stored is not None
-    isvc = InferenceService.model_validate(doc)
+    isvc = parse_inference_service(doc)  # as `kvq render` reads the file
     manifests = [
         *offline_manifests(isvc, gpus),
-        *operator_manifests(InferenceService.from_kube(stored), gpus[0], rung),
+        *operator_manifests(parse_inference_service(stored), gpus[0], rung),  # as the operator
     ]
     if any(m["kind"] == "Deployment" for m in manifests):
         tally.counts["rendered"] += 1
@@ -264,27 +268,96 @@ def test_kvq_validate_agrees_with_the_api_server_and_valid_services_render(
     assert len(seen) >= 0.9 * len(rules), f"rules never broken: {sorted(rules - seen)}"
 
 
-# The smallest document of each known gap (tests/fuzz_strategies.py KNOWN_GAPS), found by the
-# fuzzer and cut down by hand: each fails today; when one passes, its gap is fixed and its
-# name goes from KNOWN_GAPS, so the fuzzer generates those inputs again.
-GAP_CASES: list[tuple[str, str, dict[str, Any]]] = [
+# The smallest document of each disagreement the fuzzer found (tests/fuzz_strategies.py), cut
+# down by hand, and a few neighbours of each: a strict xfail while its gap is in KNOWN_GAPS,
+# an ordinary regression test once it is fixed (all of them today).
+CASES: list[tuple[str, str, dict[str, Any]]] = [
     ("lax-types", "replicas as a string", {"spec": {"replicas": "2"}}),
+    ("lax-types", "replicas as 2.0", {"spec": {"replicas": 2.0}}),
     ("lax-types", "a boolean for a number", {"spec": {"memory": {"gpuMemoryUtilization": True}}}),
+    ("lax-types", "an integer for a number", {"spec": {"memory": {"gpuMemoryUtilization": 1}}}),
+    ("lax-types", "1 for a boolean", {"spec": {"kvCache": {"calculateScales": 1}}}),
     ("snake-case-fields", "max_model_len", {"spec": {"memory": {"max_model_len": 4096}}}),
+    ("snake-case-fields", "metadata resource_version", {"metadata": {"resource_version": "1"}}),
     ("null-defaults", "replicas null", {"spec": {"replicas": None}}),
+    ("null-defaults", "kvCache null", {"spec": {"kvCache": None}}),
+    (
+        "null-defaults",
+        "a null node selector value",
+        {"spec": {"placement": {"nodeSelector": {"a": None}}}},
+    ),
+    ("null-defaults", "a null list item", {"spec": {"placement": {"pools": [None]}}}),
+    ("null-defaults", "an unknown field null", {"spec": {"bogus": None}}),
     (
         "int64",
         "minConcurrentSequences 2^63",
         {"spec": {"memory": {"maxModelLen": 4096}, "capacity": {"minConcurrentSequences": 2**63}}},
     ),
+    (
+        "int64",
+        "numParams 2^63",
+        {
+            "spec": {
+                "model": {
+                    "architecture": {
+                        "numLayers": 2,
+                        "numKvHeads": 1,
+                        "headDim": 64,
+                        "numParams": 2**63,
+                    }
+                }
+            }
+        },
+    ),
     ("metadata", "a label key with a space", {"metadata": {"labels": {"bad key": "x"}}}),
+    ("metadata", "a label value too long", {"metadata": {"labels": {"team": "v" * 64}}}),
     ("metadata", "an unknown metadata field", {"metadata": {"bogus": "x"}}),
+    ("metadata", "an annotation key with capitals", {"metadata": {"annotations": {"A.B/c": "x"}}}),
+    ("metadata", "a null label value", {"metadata": {"labels": {"team": None}}}),
     (
         "credential-casefold",
         "dotless i in a flag name",
         {"spec": {"engine": {"extraArgs": ["--\u0131-token=x"]}}},
     ),
+    (
+        "credential-casefold",
+        "long s in a flag name",
+        {"spec": {"engine": {"extraArgs": ["--\u017fecret=x"]}}},
+    ),
     ("render-tolerations", "an empty toleration", {"spec": {"placement": {"tolerations": [{}]}}}),
+    (
+        "render-tolerations",
+        "Exists with a value",
+        {
+            "spec": {
+                "placement": {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}
+            }
+        },
+    ),
+    (
+        "render-tolerations",
+        "tolerationSeconds without NoExecute",
+        {"spec": {"placement": {"tolerations": [{"key": "k", "tolerationSeconds": 5}]}}},
+    ),
+    (
+        "render-tolerations",
+        "a toleration that renders",
+        {
+            "spec": {
+                "placement": {
+                    "tolerations": [
+                        {
+                            "key": "spot",
+                            "operator": "Exists",
+                            "effect": "NoExecute",
+                            "tolerationSeconds": 60,
+                        },
+                        {"operator": "Exists"},
+                    ]
+                }
+            }
+        },
+    ),
     (
         "render-node-selector",
         "a node selector key with a space",
@@ -294,6 +367,11 @@ GAP_CASES: list[tuple[str, str, dict[str, Any]]] = [
         "render-secret-ref",
         "a Secret name with capitals",
         {"spec": {"model": {"tokenSecretRef": {"name": "HF_Token", "key": "token"}}}},
+    ),
+    (
+        "render-secret-ref",
+        "a Secret key starting with ..",
+        {"spec": {"model": {"tokenSecretRef": {"name": "hf", "key": "..data"}}}},
     ),
     (
         "apply-non-bmp",
@@ -310,11 +388,56 @@ GAP_CASES: list[tuple[str, str, dict[str, Any]]] = [
         "a cache claim of size 0",
         {"spec": {"model": {"cache": {"volumeClaim": {"size": "0"}}}}},
     ),
+    (
+        "render-pod-settings",
+        "minDomains with ScheduleAnyway",
+        {
+            "spec": {
+                "placement": {
+                    "topologySpreadConstraints": [{"topologyKey": "zone", "minDomains": 2}]
+                }
+            }
+        },
+    ),
+    (
+        "render-pod-settings",
+        "In without values",
+        {
+            "spec": {
+                "placement": {
+                    "affinity": {
+                        "podAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "topologyKey": "zone",
+                                    "labelSelector": {
+                                        "matchExpressions": [{"key": "a", "operator": "In"}]
+                                    },
+                                }
+                            ]
+                        }
+                    }
+                }
+            }
+        },
+    ),
     ("rollout-one-zero", "maxSurge 0 alone", {"spec": {"rollout": {"maxSurge": 0}}}),
+    ("rollout-one-zero", "maxUnavailable 0 alone", {"spec": {"rollout": {"maxUnavailable": 0}}}),
     (
         "render-duplicate-keys",
         "one pull secret twice",
         {"spec": {"pod": {"imagePullSecrets": [{"name": "regcred"}, {"name": "regcred"}]}}},
+    ),
+    (
+        "render-duplicate-keys",
+        "one spread constraint twice",
+        {
+            "spec": {
+                "placement": {
+                    "topologySpreadConstraints": [{"topologyKey": "zone"}, {"topologyKey": "zone"}]
+                }
+            }
+        },
     ),
     (
         "tier-duplicate-names",
@@ -349,8 +472,8 @@ def _merged(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def test_every_known_gap_has_its_regression_case() -> None:
-    assert {gap for gap, _, _ in GAP_CASES} == set(KNOWN_GAPS)
+def test_every_known_gap_has_its_case() -> None:
+    assert set(KNOWN_GAPS) <= {gap for gap, _, _ in CASES}
 
 
 @pytest.mark.parametrize(
@@ -359,12 +482,14 @@ def test_every_known_gap_has_its_regression_case() -> None:
         pytest.param(
             patch,
             id=f"{gap}: {what}",
-            marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_GAPS[gap]),
+            marks=[pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_GAPS[gap])]
+            if gap in KNOWN_GAPS
+            else [],
         )
-        for gap, what, patch in GAP_CASES
+        for gap, what, patch in CASES
     ],
 )
-def test_known_gap(crd: Kube, namespace: str, patch: dict[str, Any]) -> None:
+def test_found_disagreement(crd: Kube, namespace: str, patch: dict[str, Any]) -> None:
     catalog = load_gpu_catalog()
     gpus = [g for g in (catalog.lookup("H100-SXM-80GB"), catalog.lookup("L4")) if g]
     check_document(DryRuns(crd, namespace), _gap_document(patch), gpus, Rung.REQUESTED, Tally())

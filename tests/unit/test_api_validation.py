@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvq.api.models import InferenceService
+from kvq.api.models import InferenceService, PlacementSpec
 from kvq.api.validation import (
     InvalidInferenceServiceError,
     Violation,
@@ -36,6 +36,7 @@ def build_case(case: dict[str, Any]) -> dict[str, Any]:
             doc["spec"][key] = value
     if "name" in case:
         doc["metadata"]["name"] = case["name"]
+    doc["metadata"].update(case.get("metadata", {}))
     return doc
 
 
@@ -100,3 +101,128 @@ def test_round_trip_keeps_wire_names() -> None:
     assert wire["spec"]["memory"]["swapSpaceGiB"] == 0
     assert wire["spec"]["model"]["tokenSecretRef"] == {"name": "hf-token", "key": "token"}
     assert InferenceService.model_validate(wire) == isvc
+
+
+def _with(spec: dict[str, Any] | None = None, **metadata: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    doc["spec"].update(spec or {})
+    doc["metadata"].update(metadata)
+    return doc
+
+
+# The document is read as the API server reads it: JSON types, no coercion.
+@pytest.mark.parametrize(
+    ("spec", "field", "message"),
+    [
+        ({"replicas": "2"}, "spec.replicas", 'Invalid value: "string": must be of type integer'),
+        ({"replicas": 2.0}, "spec.replicas", 'Invalid value: "number": must be of type integer'),
+        ({"replicas": True}, "spec.replicas", 'Invalid value: "boolean": must be of type integer'),
+        (
+            {"memory": {"gpuMemoryUtilization": "0.5"}},
+            "spec.memory.gpuMemoryUtilization",
+            'Invalid value: "string": must be of type number',
+        ),
+        (
+            {"memory": {"gpuMemoryUtilization": True}},
+            "spec.memory.gpuMemoryUtilization",
+            'Invalid value: "boolean": must be of type number',
+        ),
+        (
+            {"kvCache": {"calculateScales": 1}},
+            "spec.kvCache.calculateScales",
+            'Invalid value: "integer": must be of type boolean',
+        ),
+        (
+            {"kvCache": {"calculateScales": "yes"}},
+            "spec.kvCache.calculateScales",
+            'Invalid value: "string": must be of type boolean',
+        ),
+    ],
+)
+def test_json_types_are_not_coerced(spec: dict[str, Any], field: str, message: str) -> None:
+    assert find_violations(_with(spec)) == [Violation(field, message)]
+
+
+def test_an_integer_is_a_number() -> None:
+    isvc = parse_inference_service(_with({"memory": {"gpuMemoryUtilization": 1}}))
+    assert isvc.spec.memory.gpu_memory_utilization == 1.0
+
+
+def test_only_wire_names_are_fields() -> None:
+    assert find_violations(_with({"memory": {"max_model_len": 4096}})) == [
+        Violation("spec.memory.max_model_len", 'unknown field "spec.memory.max_model_len"')
+    ]
+    # Python code still builds the models by their field names.
+    assert PlacementSpec(gpus_per_replica=2).to_kube()["gpusPerReplica"] == 2
+
+
+def test_a_null_is_read_as_absent_and_the_default_applies() -> None:
+    doc = _with({"replicas": None, "kvCache": None, "placement": {"nodeSelector": {"a": None}}})
+    isvc = parse_inference_service(doc)
+    assert isvc.spec.replicas == 1
+    assert isvc.spec.kv_cache.dtype == "auto"
+    assert isvc.spec.placement.node_selector == {}
+
+
+def test_a_null_list_item_or_unknown_field_is_still_refused() -> None:
+    assert find_violations(_with({"placement": {"pools": [None]}})) == [
+        Violation("spec.placement.pools[0]", 'Invalid value: "null": must be of type string')
+    ]
+    assert find_violations(_with({"bogus": None})) == [
+        Violation("spec.bogus", 'unknown field "spec.bogus"')
+    ]
+
+
+def test_a_model_from_the_server_parses_strictly() -> None:
+    doc = _with(
+        uid="0b1c",
+        resourceVersion="17",
+        generation=3,
+        creationTimestamp="2026-01-01T00:00:00Z",
+        managedFields=[{"manager": "kubectl", "operation": "Apply"}],
+    )
+    assert parse_inference_service(doc).metadata.generation == 3
+
+
+@pytest.mark.parametrize(
+    ("metadata", "violations"),
+    [
+        ({"bogus": "x"}, [("metadata.bogus", 'unknown field "metadata.bogus"')]),
+        (
+            {"resource_version": "1"},
+            [("metadata.resource_version", 'unknown field "metadata.resource_version"')],
+        ),
+        ({"labels": {"team": None}, "annotations": None}, []),
+        ({"annotations": {"Example.COM/Team": "x", "note": "🙂"}}, []),
+        (
+            {"labels": {"team": "v" * 64}},
+            [
+                (
+                    "metadata.labels",
+                    f'Invalid value: "{"v" * 64}": must be no more than 63 characters',
+                )
+            ],
+        ),
+        (
+            {"labels": {"a/b/c": "x"}},
+            [
+                (
+                    "metadata.labels",
+                    'Invalid value: "a/b/c": a qualified name must consist of alphanumeric '
+                    "characters, '-', '_' or '.', and must start and end with an alphanumeric "
+                    "character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+                    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional "
+                    "DNS subdomain prefix and '/' (e.g. 'example.com/MyName')",
+                )
+            ],
+        ),
+        (
+            {"annotations": {"x": "v" * (256 * 1024)}},
+            [("metadata.annotations", "Too long: may not be more than 262144 bytes")],
+        ),
+    ],
+)
+def test_metadata_is_checked_as_the_server_checks_object_meta(
+    metadata: dict[str, Any], violations: list[tuple[str, str]]
+) -> None:
+    assert find_violations(_with(**metadata)) == [Violation(*v) for v in violations]

@@ -109,3 +109,37 @@ def test_examples_pass_every_cel_rule(path: Path) -> None:
     for doc in yaml.safe_load_all(path.read_text()):
         if doc and doc.get("kind") == "InferenceService":
             assert failed_rules(apply_defaults(doc, openapi_schema()), openapi_schema()) == []
+
+
+def test_every_integer_a_user_writes_has_an_upper_bound() -> None:
+    # The API server refuses integers beyond int64; a bound below it gives the same verdict
+    # offline and a message that names the field.
+    unbounded = [
+        path
+        for path, node in _walk(openapi_schema()["properties"]["spec"], ".spec")
+        if node.get("type") == "integer"
+        and "maximum" not in node
+        and not any(
+            "<=" in r["rule"] or "self in [" in r["rule"]
+            for r in node.get("x-kubernetes-validations", [])
+        )
+    ]
+    assert unbounded == []
+
+
+@pytest.mark.parametrize(
+    ("path", "keys"),
+    [
+        (("tiers",), ["name"]),
+        (("pod", "imagePullSecrets"), ["name"]),
+        (("placement", "topologySpreadConstraints"), ["topologyKey", "whenUnsatisfiable"]),
+    ],
+)
+def test_lists_keyed_like_the_pod_spec_are_list_maps(
+    path: tuple[str, ...], keys: list[str]
+) -> None:
+    node = openapi_schema()["properties"]["spec"]
+    for name in path:
+        node = node["properties"][name]
+    assert node["x-kubernetes-list-type"] == "map"
+    assert node["x-kubernetes-list-map-keys"] == keys

@@ -564,6 +564,23 @@ def test_rollouts_surge_when_the_pool_has_a_free_gpu_and_can_be_set() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("asked", "rendered"),
+    [
+        ({"maxSurge": 0}, {"maxSurge": 0, "maxUnavailable": 1}),
+        ({"maxUnavailable": 0}, {"maxSurge": 1, "maxUnavailable": 0}),
+        ({"maxSurge": 3}, {"maxSurge": 3, "maxUnavailable": 0}),
+        ({"maxUnavailable": 2}, {"maxSurge": 0, "maxUnavailable": 2}),
+    ],
+)
+def test_a_lone_rollout_limit_never_renders_both_zero(
+    asked: dict[str, int], rendered: dict[str, int]
+) -> None:
+    # Both 0 is a Deployment the API server refuses: the rollout could never progress.
+    plan = decide(snapshot(isvc(rollout=asked)))
+    assert deployment_of(plan)["spec"]["strategy"]["rollingUpdate"] == rendered
+
+
 def test_credentials_never_reach_status_or_events() -> None:
     token = "hf_" + "A" * 30
     body = isvc()

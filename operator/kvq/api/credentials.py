@@ -22,6 +22,10 @@ REDACTED = "<redacted>"
 
 _FLAG = re.compile(CREDENTIAL_FLAG_RE)
 _ENV = re.compile(CREDENTIAL_ENV_RE)
+# Under (?i) Python's re matches dotted I (U+0130) and dotless i (U+0131) to [a-z]; RE2, which
+# runs the CRD's rule, folds by Unicode case folding and does not. Replaced by a character no
+# class of the expressions holds, the twins give RE2's verdicts.
+_NOT_FOLDED_BY_RE2 = str.maketrans({"\u0130": "\0", "\u0131": "\0"})
 # Secret-looking values wherever they appear in free text (engine logs, messages):
 # (pattern, replacement); a replacement keeps the label and hides the value.
 _IN_TEXT: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -41,12 +45,12 @@ _IN_TEXT: tuple[tuple[re.Pattern[str], str], ...] = (
 
 def is_credential_flag(arg: str) -> bool:
     """True for `--hf-token`, `--api-key=x`, `--db-password=y`; False for `--tokenizer`."""
-    return _FLAG.fullmatch(arg) is not None
+    return _FLAG.fullmatch(arg.translate(_NOT_FOLDED_BY_RE2)) is not None
 
 
 def is_credential_env(name: str) -> bool:
     """True for HF_TOKEN, OPENAI_API_KEY, DB_PASSWORD; False for TOKENIZERS_PARALLELISM."""
-    return _ENV.fullmatch(name) is not None
+    return _ENV.fullmatch(name.translate(_NOT_FOLDED_BY_RE2)) is not None
 
 
 def redact_args(args: list[str] | tuple[str, ...]) -> list[str]:

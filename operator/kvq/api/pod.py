@@ -15,7 +15,18 @@ from pydantic import Field
 
 from kvq.api import keys
 from kvq.api.base import KubeModel
-from kvq.api.rules import FieldRule, Rule
+from kvq.api.names import (
+    INTEGER_RE,
+    annotation_keys,
+    config_map_key,
+    dns_label_items,
+    dns_subdomain,
+    dns_subdomain_items,
+    label_key,
+    label_map,
+    label_values,
+)
+from kvq.api.rules import FieldRule, ListMapKeys, Rule
 
 # A Kubernetes quantity as kvq accepts it: a plain decimal with an optional suffix
 # (m for milli-cores; k/M/G/T/P/E decimal, Ki/Mi/Gi/Ti/Pi/Ei binary).
@@ -56,7 +67,22 @@ Quantity = Annotated[
         check=lambda v: re.fullmatch(QUANTITY_RE, v) is not None,
     ),
 ]
-ObjectName = Annotated[str, Field(min_length=1, max_length=253)]
+ObjectName = Annotated[
+    str, Field(min_length=1, max_length=253), dns_subdomain("the name of a Secret or ConfigMap")
+]
+# A key of a Secret or ConfigMap.
+ObjectKey = Annotated[
+    str, Field(min_length=1, max_length=253), config_map_key("a Secret or ConfigMap key")
+]
+# A Kubernetes quantity that must be more than 0 (a volume's size).
+PositiveQuantity = Annotated[
+    Quantity,
+    FieldRule(
+        cel="self.matches('[1-9]')",
+        message="size must be greater than 0",
+        check=lambda v: re.search("[1-9]", v) is not None,
+    ),
+]
 
 # Pod labels and annotations kvq writes itself: the selector, the spec hash, the ladder.
 OWNED_LABEL_KEYS = (
@@ -89,7 +115,7 @@ class KeySelector(KubeModel):
 
     name: ObjectName
     """Name of the Secret or ConfigMap."""
-    key: Annotated[str, Field(min_length=1, max_length=253)]
+    key: ObjectKey
     """The key whose value becomes the variable's value."""
     optional: bool | None = None
     """Start the pod even if the object or key is missing (the variable is then unset)."""
@@ -178,9 +204,11 @@ class CacheVolumeClaim(KubeModel):
     a new claim (and a new download) instead of an edit the API server would refuse.
     """
 
-    storage_class_name: Annotated[str | None, Field(min_length=1, max_length=253)] = None
+    storage_class_name: Annotated[
+        str | None, Field(min_length=1, max_length=253), dns_subdomain("storageClassName")
+    ] = None
     """Storage class; the cluster's default class when omitted."""
-    size: Quantity | None = None
+    size: PositiveQuantity | None = None
     """Capacity; by default the weights of every model the cache may hold (spec.model.uri
     and spec.model.awq.uri) x 1.2 + 1 GiB, rounded up to GiB."""
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = "ReadWriteOnce"
@@ -218,7 +246,9 @@ class ModelCacheSpec(KubeModel):
         ),
     )
 
-    claim_name: Annotated[str | None, Field(min_length=1, max_length=253)] = None
+    claim_name: Annotated[
+        str | None, Field(min_length=1, max_length=253), dns_subdomain("claimName")
+    ] = None
     """An existing PersistentVolumeClaim in the namespace (may be shared by services)."""
     volume_claim: CacheVolumeClaim | None = None
     """A claim kvq creates and owns."""
@@ -229,23 +259,37 @@ class ModelCacheSpec(KubeModel):
 # ---------------------------------------------------------------- scheduling
 
 
+_VALUES_FOR_OPERATOR = Rule(
+    cel="(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+    message="values: In and NotIn need at least one value; Exists and DoesNotExist take none",
+    check=lambda r: (r.operator in ("In", "NotIn")) == bool(r.values),
+    field_path=".values",
+)
+
+
 class LabelSelectorRequirement(KubeModel):
     """A label key, an operator and values."""
 
-    key: Annotated[str, Field(min_length=1, max_length=317)]
+    kube_rules = (_VALUES_FOR_OPERATOR,)
+
+    key: Annotated[str, Field(min_length=1, max_length=317), label_key("key")]
     """Label key."""
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     """In, NotIn, Exists or DoesNotExist."""
-    values: Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=64)] = Field(
-        default_factory=list
-    )
+    values: Annotated[
+        list[Annotated[str, Field(max_length=63)]], Field(max_length=64), label_values("values")
+    ] = Field(default_factory=list)
     """Values for In and NotIn."""
 
 
 class LabelSelector(KubeModel):
     """Selects pods by their labels."""
 
-    match_labels: Annotated[dict[str, str], Field(max_length=32)] = Field(default_factory=dict)
+    match_labels: Annotated[
+        dict[str, Annotated[str, Field(max_length=63)]],
+        Field(max_length=32),
+        label_map("matchLabels"),
+    ] = Field(default_factory=dict)
     """Labels a pod must carry."""
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=16)] = Field(
         default_factory=list
@@ -253,17 +297,55 @@ class LabelSelector(KubeModel):
     """Expressions a pod's labels must satisfy."""
 
 
-class NodeSelectorRequirement(KubeModel):
-    """A node label (or field) key, an operator and values."""
+def _one_integer_for_gt_lt(r: NodeSelectorRequirement) -> bool:
+    if r.operator not in ("Gt", "Lt"):
+        return True
+    return len(r.values) == 1 and re.fullmatch(INTEGER_RE, r.values[0]) is not None
 
-    key: Annotated[str, Field(min_length=1, max_length=317)]
-    """Label key (or field name in matchFields)."""
+
+class NodeSelectorRequirement(KubeModel):
+    """A node label key, an operator and values."""
+
+    kube_rules = (
+        Rule(
+            cel="(self.operator in ['In', 'NotIn', 'Gt', 'Lt']) "
+            "== (has(self.values) && size(self.values) > 0)",
+            message="values: In, NotIn, Gt and Lt need values; Exists and DoesNotExist take none",
+            check=lambda r: (r.operator in ("In", "NotIn", "Gt", "Lt")) == bool(r.values),
+            field_path=".values",
+        ),
+        Rule(
+            cel="!(self.operator in ['Gt', 'Lt']) || (has(self.values) && size(self.values) == 1 "
+            f"&& self.values[0].matches('{INTEGER_RE}'))",
+            message="values: Gt and Lt compare with one integer",
+            check=_one_integer_for_gt_lt,
+            field_path=".values",
+        ),
+    )
+
+    key: Annotated[str, Field(min_length=1, max_length=317), label_key("key")]
+    """Node label key."""
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
     """In, NotIn, Exists, DoesNotExist, Gt or Lt."""
-    values: Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=64)] = Field(
-        default_factory=list
-    )
+    values: Annotated[
+        list[Annotated[str, Field(max_length=63)]], Field(max_length=64), label_values("values")
+    ] = Field(default_factory=list)
     """Values (one integer for Gt and Lt)."""
+
+
+class NodeFieldSelectorRequirement(KubeModel):
+    """A node by name: the only node field Kubernetes selects on."""
+
+    key: Literal["metadata.name"]
+    """metadata.name."""
+    operator: Literal["In", "NotIn"]
+    """In or NotIn."""
+    values: Annotated[
+        list[Annotated[str, Field(max_length=253)]],
+        Field(min_length=1, max_length=1),
+        dns_subdomain_items("a node name"),
+    ]
+    """One node name."""
 
 
 class NodeSelectorTerm(KubeModel):
@@ -273,7 +355,7 @@ class NodeSelectorTerm(KubeModel):
         default_factory=list
     )
     """Requirements on node labels."""
-    match_fields: Annotated[list[NodeSelectorRequirement], Field(max_length=16)] = Field(
+    match_fields: Annotated[list[NodeFieldSelectorRequirement], Field(max_length=16)] = Field(
         default_factory=list
     )
     """Requirements on node fields (metadata.name)."""
@@ -311,11 +393,13 @@ class PodAffinityTerm(KubeModel):
 
     label_selector: LabelSelector | None = None
     """The pods."""
-    namespaces: Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=16)] = Field(
-        default_factory=list
-    )
+    namespaces: Annotated[
+        list[Annotated[str, Field(max_length=63)]],
+        Field(max_length=16),
+        dns_label_items("namespaces"),
+    ] = Field(default_factory=list)
     """Their namespaces; the InferenceService's own when empty."""
-    topology_key: Annotated[str, Field(min_length=1, max_length=317)]
+    topology_key: Annotated[str, Field(min_length=1, max_length=317), label_key("topologyKey")]
     """Node label that defines the domain (kubernetes.io/hostname, topology.kubernetes.io/zone)."""
 
 
@@ -355,9 +439,18 @@ class Affinity(KubeModel):
 class TopologySpreadConstraint(KubeModel):
     """How replicas spread over a topology (zones, nodes)."""
 
+    kube_rules = (
+        Rule(
+            cel="!has(self.minDomains) || self.whenUnsatisfiable == 'DoNotSchedule'",
+            message="minDomains applies only with whenUnsatisfiable DoNotSchedule",
+            check=lambda c: c.min_domains is None or c.when_unsatisfiable == "DoNotSchedule",
+            field_path=".minDomains",
+        ),
+    )
+
     max_skew: Annotated[int, Field(ge=1, le=1000)] = 1
     """Most replicas one domain may have above the least-loaded one."""
-    topology_key: Annotated[str, Field(min_length=1, max_length=317)]
+    topology_key: Annotated[str, Field(min_length=1, max_length=317), label_key("topologyKey")]
     """Node label that defines the domains (topology.kubernetes.io/zone, ...)."""
     when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = "ScheduleAnyway"
     """DoNotSchedule (a hard rule) or ScheduleAnyway (a preference)."""
@@ -380,12 +473,14 @@ class LocalObjectReference(KubeModel):
 class PodSettings(KubeModel):
     """Pod-level settings of the engine pods: identity, pull secrets, labels, annotations."""
 
-    service_account_name: Annotated[str | None, Field(min_length=1, max_length=253)] = None
+    service_account_name: Annotated[
+        str | None, Field(min_length=1, max_length=253), dns_subdomain("serviceAccountName")
+    ] = None
     """The pods' ServiceAccount: cloud credentials by workload identity (IRSA on EKS, GKE
     Workload Identity) for s3:// models. The Kubernetes API token is never mounted."""
-    image_pull_secrets: Annotated[list[LocalObjectReference], Field(max_length=16)] = Field(
-        default_factory=list
-    )
+    image_pull_secrets: Annotated[
+        list[LocalObjectReference], Field(max_length=16), ListMapKeys(("name",))
+    ] = Field(default_factory=list)
     """Secrets for pulling the engine image (and the operator image the download runs in)."""
     labels: Annotated[
         dict[str, Annotated[str, Field(max_length=63)]],
@@ -397,6 +492,7 @@ class PodSettings(KubeModel):
             + f" or any {OWNED_KEY_PREFIX} key)",
             check=_no_owned_labels,
         ),
+        label_map("pod.labels"),
     ] = Field(default_factory=dict)
     """Extra labels on the engine pods."""
     annotations: Annotated[
@@ -407,5 +503,6 @@ class PodSettings(KubeModel):
             message=f"pod.annotations must not set keys kvq owns (any {OWNED_KEY_PREFIX} key)",
             check=_no_owned_annotations,
         ),
+        annotation_keys("pod.annotations"),
     ] = Field(default_factory=dict)
     """Extra annotations on the engine pods (a change rolls the pods)."""

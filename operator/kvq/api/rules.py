@@ -7,6 +7,7 @@ path, and tests hold the two implementations to the same verdicts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,3 +85,50 @@ class UniqueItems:
             return items
 
         return core_schema.no_info_after_validator_function(validate, handler(source))
+
+
+@dataclass(frozen=True)
+class ListMapKeys:
+    """`x-kubernetes-list-type: map`: items are keyed by these fields (wire names); the server
+    refuses two items with the same key (and server-side apply cannot merge them), and so
+    does this check, with the server's words."""
+
+    keys: tuple[str, ...]
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        def validate(items: list[Any]) -> list[Any]:
+            seen: set[tuple[Any, ...]] = set()
+            for index, item in enumerate(items):
+                key = tuple(_wire_value(item, name) for name in self.keys)
+                if key in seen:
+                    shown = json.dumps(
+                        dict(zip(self.keys, key, strict=True)),
+                        sort_keys=True,
+                        separators=(",", ":"),
+                        ensure_ascii=False,
+                    )
+                    raise PydanticCustomError(
+                        DUPLICATE_ERROR, f"Duplicate value: {shown}", {"index": index}
+                    )
+                seen.add(key)
+            return items
+
+        return core_schema.no_info_after_validator_function(validate, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        json_schema["x-kubernetes-list-type"] = "map"
+        json_schema["x-kubernetes-list-map-keys"] = list(self.keys)
+        return json_schema
+
+
+def _wire_value(item: Any, wire: str) -> Any:
+    """The value of the field whose wire name is `wire` (items are validated models)."""
+    for name, info in type(item).model_fields.items():
+        if (info.alias or name) == wire:
+            return getattr(item, name)
+    raise KeyError(wire)

@@ -14,17 +14,20 @@ from kvq.api.credentials import (
     is_credential_env,
     is_credential_flag,
 )
+from kvq.api.names import dns_subdomain, label_key, label_map, label_value
 from kvq.api.pod import (
     Affinity,
     EngineResources,
     EnvFromSource,
     EnvVarSource,
     ModelCacheSpec,
+    ObjectKey,
+    ObjectName,
     PodSettings,
     Quantity,
     TopologySpreadConstraint,
 )
-from kvq.api.rules import FieldRule, Rule, UniqueItems
+from kvq.api.rules import FieldRule, ListMapKeys, Rule, UniqueItems
 
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"]
 FallbackRung = Literal["auto", "awq"]
@@ -73,9 +76,9 @@ ModelUri = Annotated[
 class SecretKeyRef(KubeModel):
     """A key of a Secret in the InferenceService's namespace. kvq passes it by reference only."""
 
-    name: Annotated[str, Field(min_length=1, max_length=253)]
+    name: ObjectName
     """Name of the Secret."""
-    key: Annotated[str, Field(min_length=1, max_length=253)]
+    key: ObjectKey
     """Key within the Secret whose value is the token."""
 
 
@@ -145,17 +148,18 @@ class ArchitectureSpec(KubeModel):
     """Key/value heads (config.json num_key_value_heads); equals the query heads without GQA."""
     head_dim: Annotated[int | None, Field(ge=1, le=4096)] = None
     """Dimension of one attention head."""
-    hidden_size: Annotated[int | None, Field(ge=1)] = None
+    # Upper bounds far above any model, below int64 (the API server refuses larger integers).
+    hidden_size: Annotated[int | None, Field(ge=1, le=1_048_576)] = None
     """Model width (config.json hidden_size)."""
-    intermediate_size: Annotated[int | None, Field(ge=1)] = None
+    intermediate_size: Annotated[int | None, Field(ge=1, le=4_194_304)] = None
     """MLP width (config.json intermediate_size)."""
-    vocab_size: Annotated[int | None, Field(ge=1)] = None
+    vocab_size: Annotated[int | None, Field(ge=1, le=16_777_216)] = None
     """Vocabulary size (config.json vocab_size)."""
-    num_params: Annotated[int | None, Field(ge=1)] = None
+    num_params: Annotated[int | None, Field(ge=1, le=10**15)] = None
     """Total parameter count; overrides the estimate from the shape."""
-    kv_lora_rank: Annotated[int | None, Field(ge=1)] = None
+    kv_lora_rank: Annotated[int | None, Field(ge=1, le=65_536)] = None
     """MLA only: rank of the compressed KV latent (config.json kv_lora_rank)."""
-    rope_head_dim: Annotated[int | None, Field(ge=1)] = None
+    rope_head_dim: Annotated[int | None, Field(ge=1, le=4096)] = None
     """MLA only: decoupled RoPE key dimension (config.json qk_rope_head_dim)."""
 
 
@@ -389,9 +393,10 @@ class CapacitySpec(KubeModel):
     min_concurrent_sequences: Annotated[
         int | None,
         FieldRule(
-            cel="self >= 1",
-            message="minConcurrentSequences must be at least 1",
-            check=lambda v: v >= 1,
+            cel="self >= 1 && self <= 65536",
+            message="minConcurrentSequences must be between 1 and 65536 (the most sequences "
+            "an engine batches)",
+            check=lambda v: 1 <= v <= 65_536,
         ),
     ] = None
     """Concurrent sequences of spec.memory.maxModelLen tokens each replica must fit in KV."""
@@ -400,16 +405,38 @@ class CapacitySpec(KubeModel):
 class Toleration(KubeModel):
     """A Kubernetes toleration added to the engine pods."""
 
-    key: Annotated[str | None, Field(max_length=317)] = None
+    kube_rules = (
+        Rule(
+            cel="(has(self.key) && self.key != '') || self.operator == 'Exists'",
+            message="a toleration without a key tolerates every taint: its operator must be Exists",
+            check=lambda t: bool(t.key) or t.operator == "Exists",
+            field_path=".operator",
+        ),
+        Rule(
+            cel="self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            message="a toleration with operator Exists takes no value",
+            check=lambda t: t.operator != "Exists" or not t.value,
+            field_path=".value",
+        ),
+        Rule(
+            cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            message="tolerationSeconds applies only to effect NoExecute",
+            check=lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+            field_path=".tolerationSeconds",
+        ),
+    )
+
+    key: Annotated[str | None, Field(max_length=317), label_key("toleration key")] = None
     """Taint key to tolerate; empty with operator Exists tolerates everything."""
     operator: Literal["Exists", "Equal"] = "Equal"
     """Exists or Equal."""
-    value: Annotated[str | None, Field(max_length=63)] = None
+    value: Annotated[str | None, Field(max_length=63), label_value("toleration value")] = None
     """Taint value for operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; all effects when omitted."""
-    toleration_seconds: int | None = None
-    """For NoExecute: how long the pod stays bound after the taint appears."""
+    toleration_seconds: Annotated[int | None, Field(ge=0, le=31_536_000)] = None
+    """For NoExecute: how long the pod stays bound after the taint appears (at most a year;
+    leave it out to stay bound)."""
 
 
 class PlacementSpec(KubeModel):
@@ -430,7 +457,11 @@ class PlacementSpec(KubeModel):
         UniqueItems(),
     ] = Field(default_factory=list)
     """Allow-list of node pool names; every discovered pool when empty."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: Annotated[
+        dict[str, Annotated[str, Field(max_length=63)]],
+        Field(max_length=64),
+        label_map("placement.nodeSelector"),
+    ] = Field(default_factory=dict)
     """Extra node labels every replica's node must carry."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(default_factory=list)
     """Taints the replicas may run on besides the GPU taint (nvidia.com/gpu), which kvq always
@@ -442,12 +473,16 @@ class PlacementSpec(KubeModel):
     """Kubernetes affinity of the engine pods, on top of the pool's node selector (kvq does
     not read it when choosing a pool; a contradiction leaves the pods unschedulable, which
     status reports)."""
-    topology_spread_constraints: Annotated[list[TopologySpreadConstraint], Field(max_length=8)] = (
-        Field(default_factory=list)
-    )
+    topology_spread_constraints: Annotated[
+        list[TopologySpreadConstraint],
+        Field(max_length=8),
+        ListMapKeys(("topologyKey", "whenUnsatisfiable")),
+    ] = Field(default_factory=list)
     """How replicas spread over zones or nodes; a constraint without labelSelector counts
     this InferenceService's replicas."""
-    priority_class_name: Annotated[str | None, Field(min_length=1, max_length=253)] = None
+    priority_class_name: Annotated[
+        str | None, Field(min_length=1, max_length=253), dns_subdomain("priorityClassName")
+    ] = None
     """PriorityClass of the engine pods (preemption order when GPUs are short)."""
 
 
@@ -474,9 +509,11 @@ class RolloutSpec(KubeModel):
     )
 
     max_surge: Annotated[int | None, Field(ge=0, le=1000)] = None
-    """Replicas started above spec.replicas during a rollout (needs free GPUs)."""
+    """Replicas started above spec.replicas during a rollout (needs free GPUs); with only
+    maxUnavailable given, 0 (1 when maxUnavailable is 0)."""
     max_unavailable: Annotated[int | None, Field(ge=0, le=1000)] = None
-    """Replicas that may be down during a rollout."""
+    """Replicas that may be down during a rollout; with only maxSurge given, 0 (1 when
+    maxSurge is 0)."""
 
 
 class AutoscalingTargets(KubeModel):
@@ -851,13 +888,8 @@ class InferenceServiceSpec(KubeModel):
     autoscaler's."""
     tiers: Annotated[
         list[TierSpec],
-        Field(
-            max_length=4,
-            json_schema_extra={
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["name"],
-            },
-        ),
+        Field(max_length=4),
+        ListMapKeys(("name",)),
         FieldRule(
             cel=f"self.all(a, self.filter(b, {_tier_header_cel('b')} == "
             f"{_tier_header_cel('a')}).size() == 1) && "

@@ -3,19 +3,54 @@
 `kvq validate` and the operator use this; each violation is the field path plus the
 message a person reads at `kubectl apply` (the CEL rule's message, or the OpenAPI
 schema's wording for types, enums, bounds and unknown fields).
+
+The document is read as the API server reads it: as JSON (no coercion: "5" is not an
+integer, 1 is not a boolean; an integer is a number), by its wire names only (camelCase;
+`max_model_len` is an unknown field), with null fields dropped first (the server prunes a
+null where the schema is not nullable, and none of kvq's is, then applies the default),
+and with metadata checked as the server checks ObjectMeta (known fields, label and
+annotation syntax).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import Any, TypeGuard
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from kvq.api.crd import openapi_schema
 from kvq.api.models import API_VERSION, KIND, InferenceService
+from kvq.api.names import (
+    ANNOTATIONS_MAX_BYTES,
+    annotation_key_errors,
+    label_key_errors,
+    label_value_errors,
+)
 from kvq.api.rules import DUPLICATE_ERROR, RULE_ERROR
+
+# The fields of a Kubernetes ObjectMeta (k8s.io/apimachinery metav1.ObjectMeta, JSON names).
+OBJECT_META_FIELDS = (
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+)
 
 
 @dataclass(frozen=True)
@@ -41,27 +76,119 @@ class InvalidInferenceServiceError(ValueError):
 
 def parse_inference_service(doc: dict[str, Any]) -> InferenceService:
     """The model of a valid document; `InvalidInferenceServiceError` lists every violation."""
-    violations = find_violations(doc)
-    name = str((doc.get("metadata") or {}).get("name", "<unnamed>"))
-    if violations:
+    isvc, violations = _validate(doc)
+    if isvc is None:
+        name = str((doc.get("metadata") or {}).get("name", "<unnamed>"))
         raise InvalidInferenceServiceError(name, violations)
-    return InferenceService.model_validate(doc)
+    return isvc
 
 
 def find_violations(doc: dict[str, Any]) -> list[Violation]:
     """Every violation in the document; empty when it is valid."""
+    return _validate(doc)[1]
+
+
+def _validate(doc: dict[str, Any]) -> tuple[InferenceService | None, list[Violation]]:
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
-        return [
+        return None, [
             Violation(
                 "apiVersion/kind",
                 f"expected {API_VERSION} {KIND}, got {doc.get('apiVersion')} {doc.get('kind')}",
             )
         ]
+    doc = _without_nulls(doc, _schema())
+    metadata = doc.get("metadata")
+    violations: list[Violation] = []
+    if isinstance(metadata, dict):
+        metadata = _decoded_metadata(metadata)
+        violations += _metadata_violations(metadata)
+        doc = {**doc, "metadata": {k: v for k, v in metadata.items() if k in OBJECT_META_FIELDS}}
     try:
-        InferenceService.model_validate(doc)
+        isvc = InferenceService.model_validate_json(
+            json.dumps(doc, default=str), strict=True, by_alias=True, by_name=False
+        )
     except ValidationError as exc:
-        return [_violation(err) for err in exc.errors(include_url=False)]
-    return []
+        violations += [_violation(err) for err in exc.errors(include_url=False)]
+        return None, violations
+    return (None if violations else isvc), violations
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    return openapi_schema()
+
+
+def _without_nulls(value: Any, schema: dict[str, Any] | None) -> Any:
+    """`value` without the nulls the API server prunes before validating: every null of a
+    field the schema knows (none is nullable; a default then applies as if it were absent).
+    Unknown fields stay, to be refused; list items stay (a null item is refused)."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            sub = _field_schema(schema, key)
+            if item is None and sub is not None and not sub.get("nullable"):
+                continue
+            out[key] = _without_nulls(item, sub)
+        return out
+    if isinstance(value, list):
+        items = schema.get("items") if schema else None
+        return [_without_nulls(item, items) for item in value]
+    return value
+
+
+def _field_schema(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    if schema is None:
+        return None
+    found = schema.get("properties", {}).get(key)
+    if found is None and isinstance(schema.get("additionalProperties"), dict):
+        found = schema["additionalProperties"]
+    return found if isinstance(found, dict) else None
+
+
+def _decoded_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """metadata as the server's Go decoding leaves it: a null field is its zero value (as
+    if absent), a null label or annotation value an empty string."""
+    out = {k: v for k, v in metadata.items() if v is not None}
+    for key in ("labels", "annotations"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: "" if v is None else v for k, v in out[key].items()}
+    return out
+
+
+def _metadata_violations(metadata: dict[str, Any]) -> list[Violation]:
+    """The server's ObjectMeta checks of what a person writes: known fields, label and
+    annotation syntax (names are the CRD's rule; other fields are left to the server)."""
+    found = [
+        Violation(f"metadata.{key}", f'unknown field "metadata.{key}"')
+        for key in metadata
+        if key not in OBJECT_META_FIELDS
+    ]
+    labels = metadata.get("labels")
+    if _is_text_map(labels):
+        for key, value in labels.items():
+            found += _invalid("metadata.labels", key, label_key_errors(key))
+            found += _invalid("metadata.labels", value, label_value_errors(value))
+    annotations = metadata.get("annotations")
+    if _is_text_map(annotations):
+        for key in annotations:
+            found += _invalid("metadata.annotations", key, annotation_key_errors(key))
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+        if size > ANNOTATIONS_MAX_BYTES:
+            found.append(
+                Violation(
+                    "metadata.annotations",
+                    f"Too long: may not be more than {ANNOTATIONS_MAX_BYTES} bytes",
+                )
+            )
+    return found
+
+
+def _is_text_map(value: Any) -> TypeGuard[dict[str, str]]:
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def _invalid(field: str, value: str, messages: list[str]) -> list[Violation]:
+    return [Violation(field, f'Invalid value: "{value}": {message}') for message in messages]
 
 
 def _violation(err: ErrorDetails) -> Violation:

@@ -96,7 +96,13 @@ def _rollout(
 ) -> Rollout:
     asked = isvc.spec.rollout
     if asked is not None and (asked.max_surge is not None or asked.max_unavailable is not None):
-        return Rollout(asked.max_surge or 0, asked.max_unavailable or 0)
+        # A limit left out is 0, or 1 where the other is 0: both 0 could never progress.
+        surge, unavailable = asked.max_surge, asked.max_unavailable
+        if surge is None:
+            surge = 1 if unavailable == 0 else 0
+        if unavailable is None:
+            unavailable = 1 if surge == 0 else 0
+        return Rollout(surge, unavailable)
     live = _live_rollout(deployment)
     if live is not None and _live_hash(deployment) == pod_hash:
         return live  # the pods are not changing: keep what is there

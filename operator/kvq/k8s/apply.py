@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -141,16 +142,61 @@ def _server_side_apply(
 ) -> Manifest:
     if dry_run:
         count_read(manifest["kind"], "dry-run")
-    result = clients.dynamic.server_side_apply(
+    result = server_side_apply(
+        clients.dynamic,
         resource,
-        body=manifest,
-        namespace=namespace,
+        manifest,
+        namespace,
         field_manager=keys.FIELD_MANAGER,
-        force_conflicts=True,
-        dry_run="All" if dry_run else None,
+        force=True,
+        dry_run=dry_run,
     )
     plain: Manifest = result.to_dict()
     return plain
+
+
+def server_side_apply(
+    dynamic: Any,
+    resource: Any,
+    manifest: Mapping[str, Any],
+    namespace: str | None,
+    *,
+    field_manager: str,
+    force: bool,
+    dry_run: bool = False,
+) -> Any:
+    """Server-side apply of `manifest` (with the dynamic client, untyped: Any), its body
+    serialized by `apply_body`."""
+    meta = manifest["metadata"]
+    body = apply_body(manifest)
+    return dynamic.patch(
+        resource,
+        body=body,
+        name=meta["name"],
+        namespace=namespace or meta.get("namespace"),
+        content_type="application/apply-patch+yaml",
+        field_manager=field_manager,
+        force_conflicts=True if force else None,
+        dry_run="All" if dry_run else None,
+    )
+
+
+# Characters JSON leaves raw that the API server's YAML reader refuses ("control characters
+# are not allowed") or reads as line breaks (NEL, LS, PS), and lone surrogates.
+_YAML_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufffe\uffff\ud800-\udfff]")
+
+
+def apply_body(manifest: Mapping[str, Any]) -> bytes:
+    """An apply patch as the API server reads it: UTF-8 JSON (JSON is YAML, and apply
+    patches are decoded as YAML).
+
+    The client's own `server_side_apply` sends json.dumps of the body, which escapes a
+    character beyond U+FFFF (an emoji in an env value) as a surrogate pair, and YAML refuses
+    surrogate escapes (400). Here such characters are sent as they are; the few a YAML reader
+    refuses or folds are escaped as \\uXXXX, which it reads back as the character.
+    """
+    text = json.dumps(manifest, ensure_ascii=False, separators=(",", ":"))
+    return _YAML_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode("utf-8")
 
 
 def _ident(manifest: Mapping[str, Any]) -> tuple[str, str, str, str]:
