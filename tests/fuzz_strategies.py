@@ -11,10 +11,11 @@ values and realistic mistakes where a random value would almost never reach a ru
 (credential flags, engine versions, architectures that satisfy their rules, Kubernetes
 label syntax).
 
-KNOWN_GAPS names the disagreements the fuzzer has found (each has a strict-xfail test in
-tests/cluster/test_fuzz_api.py); their inputs are left out of generation unless the test
-passes `excluded=frozenset()`: when one is fixed its xfail test passes, fails as strict,
-and the name is deleted here so the fuzzer covers those inputs again.
+KNOWN_GAPS names the disagreements found and not fixed yet (each has a strict-xfail case in
+tests/cluster/test_fuzz_api.py); a hint with `only_while=<gap>` keeps their inputs out of
+generation unless the test passes `excluded=frozenset()`. When one is fixed its case passes,
+fails as strict, and the name is deleted here: the fuzzer covers those inputs again and the
+case stays as a regression test.
 """
 
 from __future__ import annotations

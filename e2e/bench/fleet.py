@@ -98,6 +98,8 @@ class Results:
     the counter does not count kvq (wrong FlowSchema), and the figure at rest means nothing."""
     requests_per_s_at_rest: float | None = None
     cpu_percent_at_rest: float | None = None
+    operator_work: dict[str, float] = field(default_factory=dict)
+    """Where the operator's time went during the waves (its own metrics)."""
     rss_mb: float | None = None
     cluster_start_s: float | None = None
     verdicts: dict[str, bool] = field(default_factory=dict)
@@ -117,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _prepare(kube)
         kubeconfig = _operator_kubeconfig(kube, Path(state.run_dir))
-        with _operator(kubeconfig, Path(state.run_dir) / "operator.log") as operator:
+        operator_log = Path(state.run_dir) / "operator.log"
+        with _operator(kubeconfig, operator_log, args.workers) as operator:
             before_waves = _dispatched(kube)
             _run_waves(kube, args, results)
             results.requests_during_waves = _dispatched(kube) - before_waves
+            results.operator_work = _operator_work(_scrape(operator.metrics_port))
             _measure_rest(kube, operator, args.rest, results)
     finally:
         api.close()  # type: ignore[no-untyped-call]
@@ -141,6 +145,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rest", type=float, default=60.0, help="seconds measured at rest")
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds per wave")
     parser.add_argument("--out", default="", help="write the figures as JSON here")
+    parser.add_argument("--workers", type=int, default=0, help="kvq run --workers (0: default)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     return parser.parse_args(argv)
 
@@ -247,7 +252,7 @@ class Operator:
 
 
 @contextmanager
-def _operator(kubeconfig: Path, log: Path) -> Iterator[Operator]:
+def _operator(kubeconfig: Path, log: Path, workers: int) -> Iterator[Operator]:
     port = allocate_ports(["metrics"])["metrics"]
     argv = [
         sys.executable,
@@ -257,6 +262,7 @@ def _operator(kubeconfig: Path, log: Path) -> Iterator[Operator]:
         "--all-namespaces",
         "--standalone",
         f"--metrics-port={port}",
+        *([f"--workers={workers}"] if workers else []),
     ]
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     with log.open("ab") as out:
@@ -427,6 +433,24 @@ def _measure_rest(kube: Kube, operator: Operator, seconds: float, results: Resul
     results.rss_mb = round(_rss_bytes(operator.process.pid) / 1e6, 1)
 
 
+def _operator_work(text: str) -> dict[str, float]:
+    """Reconciles, their queue wait and decision time, writes (API calls that changed
+    something): from kvq's /metrics."""
+    passes = _sample(text, "kvq_reconciles_total")
+    waits = _sample(text, "kvq_queue_wait_seconds_count")
+    decisions = _sample(text, "kvq_decision_seconds_count")
+    return {
+        "reconciles": passes,
+        "queue_wait_mean_s": round(_sample(text, "kvq_queue_wait_seconds_sum") / waits, 3)
+        if waits
+        else 0.0,
+        "decision_mean_ms": round(1000 * _sample(text, "kvq_decision_seconds_sum") / decisions, 2)
+        if decisions
+        else 0.0,
+        "writes": _sample(text, "kvq_writes_total"),
+    }
+
+
 def _dispatched(kube: Kube) -> float:
     text = cluster.admin_rest(kube.state).get_text("/metrics")
     return _sample(text, "apiserver_flowcontrol_dispatched_requests_total",
@@ -501,6 +525,18 @@ def _print(results: Results) -> None:
          mark("rss_mb")),
         ("operator CPU at rest", f"{results.cpu_percent_at_rest}% of a core", "", ""),
     ]  # fmt: skip
+    work = results.operator_work
+    if work:
+        rows.append(
+            (
+                "operator during the waves",
+                f"{work['reconciles']:.0f} reconciles, queue wait mean "
+                f"{work['queue_wait_mean_s']} s, decide mean {work['decision_mean_ms']} ms, "
+                f"{work['writes']:.0f} writes",
+                "",
+                "",
+            )
+        )
     print(f"\nkvq bench: {results.services} services, {results.nodes} nodes "
           f"(cluster up in {results.cluster_start_s} s; load average at start {load})")  # fmt: skip
     width = max(len(r[0]) for r in rows)

@@ -281,3 +281,23 @@ def test_a_fallback_waits_for_nodes_not_for_every_pod() -> None:
     }
     controller.pod_changed("pod-uid", pod)
     assert _woken(controller, [*services, refused]) == {("a", "waiting")}
+
+
+def test_kvq_reading_its_own_status_write_back_wakes_nobody() -> None:
+    controller = Controller()
+    key = ("a", "llama")
+    controller._signals[key] = asyncio.Event()
+    body: dict[str, Any] = {"metadata": {"generation": 1, "labels": {"team": "a"}}}
+    controller.isvc_changed(key, body)
+    assert controller._signals[key].is_set() and key in controller._urgent
+    controller._signals[key].clear()
+    controller._urgent.clear()
+    controller.isvc_changed(key, {**body, "status": {"conditions": []}})
+    assert not controller._signals[key].is_set()  # status only: kvq's own write
+    controller.isvc_changed(key, {"metadata": {"generation": 2, "labels": {"team": "a"}}})
+    assert controller._signals[key].is_set() and key in controller._urgent  # a spec change
+    controller._signals[key].clear()
+    controller._urgent.clear()
+    retry = {"generation": 2, "labels": {"team": "a"}, "annotations": {"kvq.dev/retry": "1"}}
+    controller.isvc_changed(key, {"metadata": retry})
+    assert controller._signals[key].is_set() and key not in controller._urgent

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeGuard
@@ -105,12 +106,18 @@ def _validate(doc: dict[str, Any]) -> tuple[InferenceService | None, list[Violat
         doc = {**doc, "metadata": {k: v for k, v in metadata.items() if k in OBJECT_META_FIELDS}}
     try:
         isvc = InferenceService.model_validate_json(
-            json.dumps(doc, default=str), strict=True, by_alias=True, by_name=False
+            json.dumps(doc, default=_jsonable), strict=True, by_alias=True, by_name=False
         )
     except ValidationError as exc:
         violations += [_violation(err) for err in exc.errors(include_url=False)]
         return None, violations
     return (None if violations else isvc), violations
+
+
+def _jsonable(value: Any) -> Any:
+    # A Mapping that is not a dict (a kopf body's view) is an object; anything else YAML
+    # gave (a date) is the text it was written as, as kubectl would send it.
+    return dict(value) if isinstance(value, Mapping) else str(value)
 
 
 @cache

@@ -6,8 +6,10 @@ signal, then runs one reconcile in a worker thread. Signals come from watch even
 InferenceService itself, its pods and owned objects, and nodes or GPU pods that change a
 pool the service runs on or waits for. A slow resync (minutes) is the safety net; a
 decision that depends on time (a grace period, a back-off, metrics) asks for its own next
-pass. At most `workers` reconciles run at once, admitted in arrival order, and a failing
-service backs off alone, so one broken service cannot starve the rest.
+pass. At most `workers` reconciles run at once: a new service or a spec change first, then
+in arrival order (kvq.handlers.slots); a failing service backs off alone, so one broken
+service cannot starve the rest. A status-only change of an InferenceService (kvq's own
+write) wakes nobody.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, TypeVar
 
 from kvq.api import keys
 from kvq.handlers.indices import EngineKey
+from kvq.handlers.slots import Slots
 from kvq.metrics import QUEUE_WAIT_SECONDS
 from kvq.placement.discovery import GpuPod, gpu_pod, node_fingerprint
 
@@ -72,12 +75,14 @@ class Controller:
     _node_watchers: set[EngineKey] = field(default_factory=set)
     _nodes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     _gpu_pods: dict[str, GpuPod | None] = field(default_factory=dict)
-    _slots: asyncio.Semaphore | None = None
+    _urgent: set[EngineKey] = field(default_factory=set)
+    _seen: dict[EngineKey, tuple[Any, ...]] = field(default_factory=dict)
+    _slots: Slots | None = None
     _threads: ThreadPoolExecutor | None = None
 
     def start(self) -> None:
         """Create the loop-bound parts (call from the operator's event loop)."""
-        self._slots = asyncio.Semaphore(self.workers)
+        self._slots = Slots(self.workers)
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="kvq-reconcile")
 
     def stop(self) -> None:
@@ -86,16 +91,35 @@ class Controller:
 
     # --- signals -------------------------------------------------------------------------
 
-    def notify(self, key: EngineKey) -> None:
-        """Something about `key` changed: reconcile it soon."""
-        self._changed_at.setdefault(key, time.monotonic())
+    def notify(self, key: EngineKey, *, urgent: bool = False) -> None:
+        """Something about `key` changed: reconcile it soon (`urgent`: a person waits)."""
         signal = self._signals.get(key)
-        if signal is not None:
-            signal.set()
+        if signal is None:
+            return  # no daemon (yet, or any more): its first pass reads everything anyway
+        if urgent:
+            self._urgent.add(key)
+        self._changed_at.setdefault(key, time.monotonic())
+        signal.set()
 
     def notify_many(self, keys_: Iterable[EngineKey]) -> None:
         for key in keys_:
             self.notify(key)
+
+    def isvc_changed(self, key: EngineKey, body: Mapping[str, Any]) -> None:
+        """An InferenceService event: its spec, metadata or deletion, not its status (what
+        kvq itself writes: reading its own write back would only cost a pass)."""
+        meta = body.get("metadata") or {}
+        seen = (
+            meta.get("generation"),
+            meta.get("deletionTimestamp"),
+            tuple(sorted((meta.get("labels") or {}).items())),
+            tuple(sorted((meta.get("annotations") or {}).items())),
+        )
+        before = self._seen.get(key)
+        self._seen[key] = seen
+        if before == seen:
+            return
+        self.notify(key, urgent=before is None or before[0] != seen[0])
 
     def node_changed(self, name: str, body: Mapping[str, Any] | None) -> None:
         """A node event: wake the services its pool matters to, if placement would notice."""
@@ -148,7 +172,8 @@ class Controller:
         a worker thread with what `observe` returned.
         """
         signal = self._signals.setdefault(key, asyncio.Event())
-        signal.set()  # the first pass at once
+        signal.set()  # the first pass at once, ahead of routine passes
+        self._urgent.add(key)
         self._changed_at.setdefault(key, time.monotonic())
         wait: float | None = None
         backoff = ERROR_BACKOFF_START
@@ -183,7 +208,9 @@ class Controller:
         reconcile: Callable[[T], PassResult],
     ) -> PassResult | None:
         assert self._slots is not None, "Controller.start() was not called"
-        async with self._slots:
+        urgent = key in self._urgent
+        self._urgent.discard(key)
+        async with self._slots.held(urgent=urgent):
             changed = self._changed_at.pop(key, None)
             if changed is not None:
                 QUEUE_WAIT_SECONDS.observe(time.monotonic() - changed)
@@ -212,6 +239,8 @@ class Controller:
         self._pools.pop(key, None)
         self._watchers.discard(key)
         self._node_watchers.discard(key)
+        self._urgent.discard(key)
+        self._seen.pop(key, None)
 
 
 def owner_of(labels: Mapping[str, str], namespace: str | None) -> EngineKey | None:

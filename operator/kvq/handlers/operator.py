@@ -175,8 +175,10 @@ def _reconcile(runtime: Runtime, observed: Observed) -> PassResult:
     return reconcile(runtime, observed).passed
 
 
-def on_inference_service_event(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.notify((namespace, name))
+def on_inference_service_event(
+    namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    memo.controller.isvc_changed((namespace, name), body)
 
 
 def on_owned_event(

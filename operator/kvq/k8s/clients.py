@@ -9,20 +9,27 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.dynamic import DynamicClient
 
+# Reconcile workers and the writers they fan out to share one client: enough connections
+# that none is opened and thrown away per request (urllib3's default is 5 per CPU).
+CONNECTIONS = 64
+
 
 def load_api_client(kubeconfig: str | None = None) -> k8s.ApiClient:
     """An ApiClient of its own: `kubeconfig` if given, else in-cluster, else $KUBECONFIG/~/.kube."""
+    configuration = k8s.Configuration()
+    loaded = False
     if kubeconfig is None:
         try:
-            configuration = k8s.Configuration()
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return k8s.ApiClient(configuration)
+            loaded = True
         except k8s_config.ConfigException:
             pass
-    api: k8s.ApiClient = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig
-    )
-    return api
+    if not loaded:
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    configuration.connection_pool_maxsize = CONNECTIONS
+    return k8s.ApiClient(configuration)
 
 
 @dataclass

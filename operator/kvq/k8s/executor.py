@@ -3,16 +3,19 @@
 Order matters for retries: objects first, then status (which may raise StatusConflictError),
 then events, so a conflict re-runs the decision before any event about it is posted. A plan
 that moves the ladder writes status first: the move is on record before anything acts on
-it, so an operator killed in between resumes the move rather than undoing it.
+it, so an operator killed in between resumes the move rather than undoing it. The objects
+of one plan are independent (the API server takes them in any order: a pod waits for its
+ConfigMap or claim), so they are applied side by side, as are the events.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from kvq.decide.types import Plan
 from kvq.k8s.apply import SameAsServer, apply_manifest, delete_object
@@ -21,6 +24,19 @@ from kvq.k8s.events import post_event
 from kvq.k8s.status import StoredForms, write_status
 
 log = logging.getLogger("kvq.executor")
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Shared by every reconcile: a write waits on the API server, not on the CPU.
+_WRITERS = ThreadPoolExecutor(16, thread_name_prefix="kvq-write")
+
+
+def _each(work: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """`work` on every item, side by side; results in order, the first error raised."""
+    listed = list(items)
+    if len(listed) < 2:
+        return [work(item) for item in listed]
+    return list(_WRITERS.map(work, listed))
 
 
 @dataclass
@@ -64,9 +80,16 @@ def execute(
     deleted: list[str] = []
     status_written = plan.status_first and write_status(clients, isvc, plan.status, memory.forms)
     if not plan.keep_live:
-        for manifest in plan.apply:
-            current = by_name.get((manifest["kind"], manifest["metadata"]["name"]))
-            result = apply_manifest(clients, manifest, current, memory.same)
+        results = _each(
+            lambda manifest: apply_manifest(
+                clients,
+                manifest,
+                by_name.get((manifest["kind"], manifest["metadata"]["name"])),
+                memory.same,
+            ),
+            plan.apply,
+        )
+        for result in results:
             (applied if result.written else unchanged).append(f"{result.kind}/{result.name}")
         for ref in plan.delete:
             current = by_name.get((ref.kind, ref.name))
@@ -81,8 +104,8 @@ def execute(
         status_written = write_status(clients, isvc, plan.status, memory.forms)
     if status_written:
         log.info("%s: status written", where)
+    _each(lambda event: post_event(clients, isvc, event, now), plan.events)
     for event in plan.events:
-        post_event(clients, isvc, event, now)
         log.info("%s: event %s %s", where, event.type, event.reason)
     return ExecutionResult(
         applied=tuple(applied),
