@@ -61,7 +61,7 @@ def service(name: str) -> dict[str, Any]:
     }
 
 
-def route(gateway: dict[str, str]) -> dict[str, Any]:
+def route(gateway: dict[str, str], host: str) -> dict[str, Any]:
     def backend(name: str) -> list[dict[str, Any]]:
         return [{"name": name, "port": SERVICE_PORT}]
 
@@ -71,6 +71,9 @@ def route(gateway: dict[str, str]) -> dict[str, Any]:
         "metadata": {"name": "tiers"},
         "spec": {
             "parentRefs": [{"name": gateway["gateway"], "namespace": gateway["namespace"]}],
+            # The gateway is shared by the session's tests: on one listener, two routes with
+            # the same matches resolve to the older one, so each test routes its own host.
+            "hostnames": [host],
             "rules": [
                 {
                     "matches": [{"headers": [{"name": HEADER, "value": CRITICAL}]}],
@@ -126,8 +129,9 @@ def backends(
 def test_a_header_match_routes_to_its_service_and_the_rest_to_the_default(
     kube: Kube, gateway: dict[str, str], namespace: str, backends: dict[str, NamedServer]
 ) -> None:
+    host = f"{namespace}.kvq.test"
     kube.custom.create_namespaced_custom_object(
-        "gateway.networking.k8s.io", "v1", namespace, "httproutes", route(gateway)
+        "gateway.networking.k8s.io", "v1", namespace, "httproutes", route(gateway, host)
     )
 
     def accepted() -> bool:
@@ -141,15 +145,17 @@ def test_a_header_match_routes_to_its_service_and_the_rest_to_the_default(
     wait_until(accepted, what="the HTTPRoute Accepted with its refs resolved", timeout=TIMEOUT)
     url = gateway["url"] + "/v1/models"
     critical = wait_until(
-        lambda: ask(url, {HEADER: CRITICAL}),
+        lambda: ask(url, {"Host": host, HEADER: CRITICAL}),
         what="a request with the header routed",
         timeout=TIMEOUT,
     )
     default = wait_until(
-        lambda: ask(url, {}), what="a request without the header routed", timeout=TIMEOUT
+        lambda: ask(url, {"Host": host}),
+        what="a request without the header routed",
+        timeout=TIMEOUT,
     )
 
     assert (critical, default) == (CRITICAL, DEFAULT)
-    assert ask(url, {HEADER: "other"}) == DEFAULT
+    assert ask(url, {"Host": host, HEADER: "other"}) == DEFAULT
     assert [r.get(HEADER) for r in backends[CRITICAL].requests] == [CRITICAL]
     assert {r.get(HEADER) for r in backends[DEFAULT].requests} == {None, "other"}
