@@ -150,6 +150,16 @@ def deployment(kube: Kube, namespace: str) -> k8s.V1Deployment:
     return kube.apps.read_namespaced_deployment(NAME, namespace)
 
 
+def rolled_out(found: k8s.V1Deployment) -> bool:
+    status = found.status
+    return bool(
+        status
+        and status.observed_generation == found.metadata.generation
+        and (status.ready_replicas or 0) == found.spec.replicas
+        and (status.updated_replicas or 0) == found.spec.replicas
+    )
+
+
 def live(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     """What the operator's watch cache would hold: kvq's objects as the server stores them."""
     found: list[Any] = [
@@ -333,7 +343,14 @@ def test_reconcile_from_a_stale_read_is_a_conflict_then_converges(
     assert stored["metadata"]["labels"] == {"team": "a"}
     placed = {c["type"]: c for c in stored["status"]["conditions"]}
     assert placed["Placed"]["status"] == "True"
-    # Once the watch cache holds what was written, a pass writes nothing at all.
+    # kvq's status follows the Deployment's: once the rollout has settled and a pass has
+    # read it, a pass over what the watch cache holds writes nothing at all.
+    wait_until(
+        lambda: rolled_out(deployment(kube, namespace)),
+        what="the Deployment rolled out",
+        timeout=60,
+    )
+    reconcile(runtime, observed(kube, read_isvc(kube, namespace, NAME)))
     before = writes_so_far()
     third = reconcile(runtime, observed(kube, read_isvc(kube, namespace, NAME)))
     assert third.result is not None and third.result.writes == 0
