@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from kvq.cli import app
 from kvq.decide.invalid import invalid_status
 from kvq.handlers.controller import Controller, PassResult
 from kvq.handlers.indices import by_inference_service
+from kvq.handlers.operator import on_pod_event
 from kvq.k8s.apply import holds
 from kvq.k8s.status import without_nulls
 from kvq.metrics import count_event
@@ -301,3 +303,34 @@ def test_kvq_reading_its_own_status_write_back_wakes_nobody() -> None:
     retry = {"generation": 2, "labels": {"team": "a"}, "annotations": {"kvq.dev/retry": "1"}}
     controller.isvc_changed(key, {"metadata": retry})
     assert controller._signals[key].is_set() and key not in controller._urgent
+
+
+def _engine_pod(state: dict[str, Any]) -> dict[str, Any]:
+    labels = {keys.LABEL_INFERENCESERVICE: "llama"}
+    return {
+        "metadata": {"name": "llama-0", "namespace": "a", "labels": labels},
+        "status": {"containerStatuses": [{"name": "vllm", "ready": False, **state}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("state", "urgent"),
+    [
+        ({"state": {"waiting": {"reason": "ContainerCreating"}}}, False),
+        ({"state": {"running": {}}, "ready": True}, False),
+        ({"state": {"terminated": {"exitCode": 1, "message": "fp8 refused"}}}, True),
+        ({"state": {"waiting": {"reason": "CrashLoopBackOff"}}}, True),
+    ],
+)
+def test_a_crashed_engine_is_reconciled_ahead_of_routine_passes(
+    state: dict[str, Any], urgent: bool
+) -> None:
+    controller = Controller()
+    key = ("a", "llama")
+    controller._signals[key] = asyncio.Event()
+    memo = SimpleNamespace(controller=controller)
+    body = _engine_pod(state)
+    labels = body["metadata"]["labels"]
+    on_pod_event(namespace="a", labels=labels, uid="u", body=body, type="MODIFIED", memo=memo)
+    assert controller._signals[key].is_set()
+    assert (key in controller._urgent) is urgent

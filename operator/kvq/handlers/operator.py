@@ -24,6 +24,7 @@ from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
 from kvq.decide.types import DEFAULT_OPERATOR_IMAGE, Catalogs, OperatorConfig
+from kvq.fallback.evidence import evidence_from_pod
 from kvq.fallback.ladder import LadderPolicy
 from kvq.handlers import indices
 from kvq.handlers.controller import (
@@ -201,7 +202,9 @@ def on_pod_event(
     controller: Controller = memo.controller
     owner = owner_of(labels, namespace)
     if owner is not None:
-        controller.notify(owner)
+        # A crashed engine is urgent: its pass may move the fallback ladder.
+        failure = evidence_from_pod(body) if type != "DELETED" else None
+        controller.notify(owner, urgent=failure is not None and failure.crashed)
     controller.pod_changed(uid, None if type == "DELETED" else body)
 
 
