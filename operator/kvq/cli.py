@@ -462,7 +462,7 @@ def run(
     ] = 600.0,
     workers: Annotated[
         int, typer.Option(min=1, max=64, help="Reconciles that may run at the same time")
-    ] = 8,
+    ] = 16,  # kvq.handlers.controller.DEFAULT_WORKERS (not imported: kopf loads slowly)
     grace: Annotated[
         float,
         typer.Option(

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import REGISTRY
 from typer.testing import CliRunner
 
@@ -16,9 +19,10 @@ from kvq.api import keys
 from kvq.api.validation import Violation
 from kvq.cli import app
 from kvq.decide.invalid import invalid_status
-from kvq.handlers.controller import Controller, PassResult
+from kvq.handlers.controller import DEFAULT_WORKERS, Controller, PassResult
 from kvq.handlers.indices import by_inference_service
 from kvq.handlers.operator import on_pod_event
+from kvq.handlers.slots import Priority
 from kvq.k8s.apply import holds
 from kvq.k8s.status import without_nulls
 from kvq.metrics import count_event
@@ -291,18 +295,18 @@ def test_kvq_reading_its_own_status_write_back_wakes_nobody() -> None:
     controller._signals[key] = asyncio.Event()
     body: dict[str, Any] = {"metadata": {"generation": 1, "labels": {"team": "a"}}}
     controller.isvc_changed(key, body)
-    assert controller._signals[key].is_set() and key in controller._urgent
+    assert controller._signals[key].is_set() and controller._priority[key] == Priority.CHANGE
     controller._signals[key].clear()
-    controller._urgent.clear()
+    controller._priority.clear()
     controller.isvc_changed(key, {**body, "status": {"conditions": []}})
     assert not controller._signals[key].is_set()  # status only: kvq's own write
     controller.isvc_changed(key, {"metadata": {"generation": 2, "labels": {"team": "a"}}})
-    assert controller._signals[key].is_set() and key in controller._urgent  # a spec change
+    assert controller._priority[key] == Priority.CHANGE  # a spec change
     controller._signals[key].clear()
-    controller._urgent.clear()
+    controller._priority.clear()
     retry = {"generation": 2, "labels": {"team": "a"}, "annotations": {"kvq.dev/retry": "1"}}
     controller.isvc_changed(key, {"metadata": retry})
-    assert controller._signals[key].is_set() and key not in controller._urgent
+    assert controller._signals[key].is_set() and controller._priority[key] == Priority.ROUTINE
 
 
 def _engine_pod(state: dict[str, Any]) -> dict[str, Any]:
@@ -314,16 +318,16 @@ def _engine_pod(state: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("state", "urgent"),
+    ("state", "priority"),
     [
-        ({"state": {"waiting": {"reason": "ContainerCreating"}}}, False),
-        ({"state": {"running": {}}, "ready": True}, False),
-        ({"state": {"terminated": {"exitCode": 1, "message": "fp8 refused"}}}, True),
-        ({"state": {"waiting": {"reason": "CrashLoopBackOff"}}}, True),
+        ({"state": {"waiting": {"reason": "ContainerCreating"}}}, Priority.ROUTINE),
+        ({"state": {"running": {}}, "ready": True}, Priority.ROUTINE),
+        ({"state": {"terminated": {"exitCode": 1, "message": "fp8 refused"}}}, Priority.FAILURE),
+        ({"state": {"waiting": {"reason": "CrashLoopBackOff"}}}, Priority.FAILURE),
     ],
 )
-def test_a_crashed_engine_is_reconciled_ahead_of_routine_passes(
-    state: dict[str, Any], urgent: bool
+def test_a_crashed_engine_is_reconciled_ahead_of_every_other_pass(
+    state: dict[str, Any], priority: Priority
 ) -> None:
     controller = Controller()
     key = ("a", "llama")
@@ -333,4 +337,12 @@ def test_a_crashed_engine_is_reconciled_ahead_of_routine_passes(
     labels = body["metadata"]["labels"]
     on_pod_event(namespace="a", labels=labels, uid="u", body=body, type="MODIFIED", memo=memo)
     assert controller._signals[key].is_set()
-    assert (key in controller._urgent) is urgent
+    assert controller._priority[key] == priority
+
+
+def test_kvq_run_and_the_chart_default_to_the_controllers_workers() -> None:
+    from kvq.cli import run
+
+    assert inspect.signature(run).parameters["workers"].default == DEFAULT_WORKERS
+    values = yaml.safe_load(Path("charts/kvq/values.yaml").read_text())
+    assert values["reconcile"]["workers"] == DEFAULT_WORKERS

@@ -1,5 +1,5 @@
-"""Reconcile admission: bounded, a person's change first, arrival order among equals, and a
-cancelled waiter never loses a slot."""
+"""Reconcile admission: bounded, a crash then a person's change first, arrival order among
+equals, and a cancelled waiter never loses a slot."""
 
 from __future__ import annotations
 
@@ -7,26 +7,26 @@ import asyncio
 
 import pytest
 
-from kvq.handlers.slots import Slots
+from kvq.handlers.slots import Priority, Slots
 
 
-async def _order_of_admission(slots: Slots, arrivals: list[tuple[str, bool]]) -> list[str]:
+async def _order_of_admission(slots: Slots, arrivals: list[tuple[str, Priority]]) -> list[str]:
     admitted: list[str] = []
     gate = asyncio.Event()
 
     async def holder() -> None:
-        async with slots.held(urgent=False):
+        async with slots.held():
             await gate.wait()
 
-    async def waiter(name: str, urgent: bool) -> None:
-        async with slots.held(urgent=urgent):
+    async def waiter(name: str, priority: Priority) -> None:
+        async with slots.held(priority):
             admitted.append(name)
 
     first = asyncio.create_task(holder())
     await asyncio.sleep(0)  # the holder takes the only slot
     tasks = []
-    for name, urgent in arrivals:
-        tasks.append(asyncio.create_task(waiter(name, urgent)))
+    for name, priority in arrivals:
+        tasks.append(asyncio.create_task(waiter(name, priority)))
         await asyncio.sleep(0)  # queued in this order
     assert admitted == []  # nobody passes while the slot is held
     gate.set()
@@ -34,10 +34,17 @@ async def _order_of_admission(slots: Slots, arrivals: list[tuple[str, bool]]) ->
     return admitted
 
 
-def test_a_change_a_person_waits_for_goes_first_then_arrival_order() -> None:
-    arrivals = [("pod-a", False), ("new-b", True), ("pod-c", False), ("spec-d", True)]
+def test_a_crash_then_a_change_a_person_waits_for_go_first_then_arrival_order() -> None:
+    routine, change, failure = Priority.ROUTINE, Priority.CHANGE, Priority.FAILURE
+    arrivals = [
+        ("pod-a", routine),
+        ("new-b", change),
+        ("pod-c", routine),
+        ("crash-e", failure),
+        ("spec-d", change),
+    ]
     admitted = asyncio.run(_order_of_admission(Slots(1), arrivals))
-    assert admitted == ["new-b", "spec-d", "pod-a", "pod-c"]
+    assert admitted == ["crash-e", "new-b", "spec-d", "pod-a", "pod-c"]
 
 
 def test_a_cancelled_waiter_hands_its_turn_on() -> None:
@@ -47,11 +54,11 @@ def test_a_cancelled_waiter_hands_its_turn_on() -> None:
         gate = asyncio.Event()
 
         async def holder() -> None:
-            async with slots.held(urgent=False):
+            async with slots.held():
                 await gate.wait()
 
         async def waiter(name: str) -> None:
-            async with slots.held(urgent=False):
+            async with slots.held():
                 admitted.append(name)
 
         first = asyncio.create_task(holder())
@@ -78,7 +85,7 @@ def test_no_more_than_its_size_at_once() -> None:
 
         async def work() -> None:
             nonlocal running, peak
-            async with slots.held(urgent=False):
+            async with slots.held():
                 running += 1
                 peak = max(peak, running)
                 await asyncio.sleep(0)

@@ -6,10 +6,10 @@ signal, then runs one reconcile in a worker thread. Signals come from watch even
 InferenceService itself, its pods and owned objects, and nodes or GPU pods that change a
 pool the service runs on or waits for. A slow resync (minutes) is the safety net; a
 decision that depends on time (a grace period, a back-off, metrics) asks for its own next
-pass. At most `workers` reconciles run at once: a new service or a spec change first, then
-in arrival order (kvq.handlers.slots); a failing service backs off alone, so one broken
-service cannot starve the rest. A status-only change of an InferenceService (kvq's own
-write) wakes nobody.
+pass. At most `workers` reconciles run at once: a crashed engine first, then a new service
+or a spec change, then in arrival order (kvq.handlers.slots); a failing service backs off
+alone, so one broken service cannot starve the rest. A status-only change of an
+InferenceService (kvq's own write) wakes nobody.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from kvq.api import keys
 from kvq.handlers.indices import EngineKey
-from kvq.handlers.slots import Slots
+from kvq.handlers.slots import Priority, Slots
 from kvq.metrics import QUEUE_WAIT_SECONDS
 from kvq.placement.discovery import GpuPod, gpu_pod, node_fingerprint
 
@@ -34,7 +34,7 @@ log = logging.getLogger("kvq.controller")
 T = TypeVar("T")
 
 DEFAULT_RESYNC = timedelta(minutes=10)
-DEFAULT_WORKERS = 8
+DEFAULT_WORKERS = 16
 # A stale view (409) is redone soon: the watch has the newer object by then.
 CONFLICT_RETRY_SECONDS = 0.5
 # Unexpected errors back off per service: 1 s, 2 s, 4 s, ... at most 5 min.
@@ -75,7 +75,8 @@ class Controller:
     _node_watchers: set[EngineKey] = field(default_factory=set)
     _nodes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     _gpu_pods: dict[str, GpuPod | None] = field(default_factory=dict)
-    _urgent: set[EngineKey] = field(default_factory=set)
+    _priority: dict[EngineKey, Priority] = field(default_factory=dict)
+    """The most urgent reason each waiting service has for its next pass."""
     _seen: dict[EngineKey, tuple[Any, ...]] = field(default_factory=dict)
     _slots: Slots | None = None
     _threads: ThreadPoolExecutor | None = None
@@ -91,13 +92,12 @@ class Controller:
 
     # --- signals -------------------------------------------------------------------------
 
-    def notify(self, key: EngineKey, *, urgent: bool = False) -> None:
-        """Something about `key` changed: reconcile it soon (`urgent`: a person waits)."""
+    def notify(self, key: EngineKey, priority: Priority = Priority.ROUTINE) -> None:
+        """Something about `key` changed: reconcile it soon."""
         signal = self._signals.get(key)
         if signal is None:
             return  # no daemon (yet, or any more): its first pass reads everything anyway
-        if urgent:
-            self._urgent.add(key)
+        self._priority[key] = min(priority, self._priority.get(key, Priority.ROUTINE))
         self._changed_at.setdefault(key, time.monotonic())
         signal.set()
 
@@ -119,7 +119,8 @@ class Controller:
         self._seen[key] = seen
         if before == seen:
             return
-        self.notify(key, urgent=before is None or before[0] != seen[0])
+        new_spec = before is None or before[0] != seen[0]
+        self.notify(key, Priority.CHANGE if new_spec else Priority.ROUTINE)
 
     def node_changed(self, name: str, body: Mapping[str, Any] | None) -> None:
         """A node event: wake the services its pool matters to, if placement would notice."""
@@ -173,7 +174,7 @@ class Controller:
         """
         signal = self._signals.setdefault(key, asyncio.Event())
         signal.set()  # the first pass at once, ahead of routine passes
-        self._urgent.add(key)
+        self._priority[key] = Priority.CHANGE
         self._changed_at.setdefault(key, time.monotonic())
         wait: float | None = None
         backoff = ERROR_BACKOFF_START
@@ -208,9 +209,7 @@ class Controller:
         reconcile: Callable[[T], PassResult],
     ) -> PassResult | None:
         assert self._slots is not None, "Controller.start() was not called"
-        urgent = key in self._urgent
-        self._urgent.discard(key)
-        async with self._slots.held(urgent=urgent):
+        async with self._slots.held(self._priority.pop(key, Priority.ROUTINE)):
             changed = self._changed_at.pop(key, None)
             if changed is not None:
                 QUEUE_WAIT_SECONDS.observe(time.monotonic() - changed)
@@ -239,7 +238,7 @@ class Controller:
         self._pools.pop(key, None)
         self._watchers.discard(key)
         self._node_watchers.discard(key)
-        self._urgent.discard(key)
+        self._priority.pop(key, None)
         self._seen.pop(key, None)
 
 

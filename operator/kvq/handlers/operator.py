@@ -35,6 +35,7 @@ from kvq.handlers.controller import (
     owner_of,
 )
 from kvq.handlers.reconcile import Observed, Runtime, reconcile
+from kvq.handlers.slots import Priority
 from kvq.k8s.clients import Clients, load_api_client
 from kvq.metrics import serve_metrics
 from kvq.observe.prometheus import PrometheusReader, min_query_gap, without_credentials
@@ -202,9 +203,10 @@ def on_pod_event(
     controller: Controller = memo.controller
     owner = owner_of(labels, namespace)
     if owner is not None:
-        # A crashed engine is urgent: its pass may move the fallback ladder.
+        # A crashed engine first: its pass may move the fallback ladder.
         failure = evidence_from_pod(body) if type != "DELETED" else None
-        controller.notify(owner, urgent=failure is not None and failure.crashed)
+        crashed = failure is not None and failure.crashed
+        controller.notify(owner, Priority.FAILURE if crashed else Priority.ROUTINE)
     controller.pod_changed(uid, None if type == "DELETED" else body)
 
 

@@ -1,9 +1,9 @@
-"""Admission to the reconcile workers: at most N at once, what a person is waiting for first.
+"""Admission to the reconcile workers: at most N at once, by priority, then arrival order.
 
-A new InferenceService, or one whose spec just changed, waits behind no follow-up pass
-(a Deployment's status moving, a pod becoming ready): during a fleet's rollout those are
-most of the queue, and a person who applied something watches for its Deployment. Among
-equals, arrival order.
+During a fleet's rollout most of the queue is follow-up passes (a Deployment's status
+moving, a pod becoming ready). A crashed engine serves nobody and its pass may move the
+fallback ladder, so it goes first; then a new InferenceService or a spec change, which a
+person who applied it watches; then the rest.
 """
 
 from __future__ import annotations
@@ -12,6 +12,16 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from enum import IntEnum
+
+
+class Priority(IntEnum):
+    FAILURE = 0
+    """An engine crashed."""
+    CHANGE = 1
+    """A new InferenceService, or its spec changed."""
+    ROUTINE = 2
+    """Everything else: owned objects, pods, nodes, timers."""
 
 
 class Slots:
@@ -19,12 +29,11 @@ class Slots:
         if size < 1:
             raise ValueError(f"slots: size {size} < 1")
         self._free = size
-        self._urgent: deque[asyncio.Future[None]] = deque()
-        self._routine: deque[asyncio.Future[None]] = deque()
+        self._queues: tuple[deque[asyncio.Future[None]], ...] = tuple(deque() for _ in Priority)
 
     @asynccontextmanager
-    async def held(self, *, urgent: bool) -> AsyncIterator[None]:
-        await self._acquire(urgent)
+    async def held(self, priority: Priority = Priority.ROUTINE) -> AsyncIterator[None]:
+        await self._acquire(priority)
         try:
             yield
         finally:
@@ -32,14 +41,14 @@ class Slots:
 
     @property
     def waiting(self) -> int:
-        return sum(not f.done() for f in (*self._urgent, *self._routine))
+        return sum(not turn.done() for queue in self._queues for turn in queue)
 
-    async def _acquire(self, urgent: bool) -> None:
+    async def _acquire(self, priority: Priority) -> None:
         if self._free > 0 and not self.waiting:
             self._free -= 1
             return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        (self._urgent if urgent else self._routine).append(turn)
+        self._queues[priority].append(turn)
         try:
             await turn
         except asyncio.CancelledError:
@@ -48,7 +57,7 @@ class Slots:
             raise
 
     def _release(self) -> None:
-        for queue in (self._urgent, self._routine):
+        for queue in self._queues:
             while queue:
                 turn = queue.popleft()
                 if not turn.done():
