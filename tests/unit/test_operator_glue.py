@@ -346,3 +346,39 @@ def test_kvq_run_and_the_chart_default_to_the_controllers_workers() -> None:
     assert inspect.signature(run).parameters["workers"].default == DEFAULT_WORKERS
     values = yaml.safe_load(Path("charts/kvq/values.yaml").read_text())
     assert values["reconcile"]["workers"] == DEFAULT_WORKERS
+
+
+def test_a_pass_retried_after_a_conflict_keeps_its_priority() -> None:
+    async def scenario() -> list[Priority]:
+        controller = Controller(workers=1)
+        controller.start()
+        slots = controller._slots
+        assert slots is not None
+        asked: list[Priority] = []
+        held = slots.held
+
+        def recording(priority: Priority = Priority.ROUTINE) -> Any:
+            asked.append(priority)
+            return held(priority)
+
+        slots.held = recording  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        results = iter([PassResult(conflict=True), PassResult()])
+
+        def reconcile(_: None) -> PassResult:
+            result = next(results)
+            if not result.conflict:
+                loop.call_soon_threadsafe(done.set)
+            return result
+
+        daemon = asyncio.create_task(controller.serve(("a", "llama"), lambda: None, reconcile))
+        await asyncio.wait_for(done.wait(), timeout=10)
+        daemon.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await daemon
+        controller.stop()
+        return asked
+
+    # The first pass of a new service, then its retry: both ahead of routine passes.
+    assert asyncio.run(scenario()) == [Priority.CHANGE, Priority.CHANGE]

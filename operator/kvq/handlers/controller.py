@@ -185,7 +185,11 @@ class Controller:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(signal.wait(), timeout=timeout)
                 signal.clear()
-                result = await self._run(key, observe, reconcile)
+                priority = self._priority.pop(key, Priority.ROUTINE)
+                result = await self._run(key, priority, observe, reconcile)
+                if result is None or result.conflict:
+                    # The retry of a crash's or a change's pass keeps its place.
+                    self._priority[key] = min(priority, self._priority.get(key, priority))
                 if result is None:
                     wait, backoff = backoff, min(backoff * 2, ERROR_BACKOFF_MAX)
                     continue
@@ -205,11 +209,12 @@ class Controller:
     async def _run(
         self,
         key: EngineKey,
+        priority: Priority,
         observe: Callable[[], T],
         reconcile: Callable[[T], PassResult],
     ) -> PassResult | None:
         assert self._slots is not None, "Controller.start() was not called"
-        async with self._slots.held(self._priority.pop(key, Priority.ROUTINE)):
+        async with self._slots.held(priority):
             changed = self._changed_at.pop(key, None)
             if changed is not None:
                 QUEUE_WAIT_SECONDS.observe(time.monotonic() - changed)
