@@ -564,6 +564,49 @@ def test_rollouts_surge_when_the_pool_has_a_free_gpu_and_can_be_set() -> None:
     }
 
 
+def test_pods_that_serve_nothing_are_replaced_at_once_not_surged() -> None:
+    # Two replicas crashing on fp8 hold their GPUs: a surge replica for the auto rollout
+    # could wait for ever for a third while the deployment controller keeps the crashing
+    # ones (maxUnavailable 0). Nothing serves, so all of them are replaced at once.
+    pools = {"pools": ["gpu-h100", "gpu-h200"]}
+    body = isvc(replicas=2, placement=pools)
+    first = decide(snapshot(body))
+    assert deployment_of(first)["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 1
+    crashing = rolled_out(first, replicas=2)
+    crashing["status"] = {**crashing["status"], "readyReplicas": 0, "availableReplicas": 0}
+    crash = crashing_pod(first, HEAD80_CRASH)
+    fallback = decide(snapshot(with_status(body, first), pods=[crash], deployment=crashing))
+    assert fallback.status["effective"]["kvCacheDtype"] == "auto"
+    assert deployment_of(fallback)["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 0,
+        "maxUnavailable": 2,
+    }
+    # A rollout already stuck that way (the surge replica Pending, the crashing ones
+    # kept) is freed without touching the pods.
+    stuck = rolled_out(fallback, replicas=2)
+    stuck["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": 1, "maxUnavailable": 0}
+    stuck["status"] = {"replicas": 3, "updatedReplicas": 1, "availableReplicas": 0}
+    freed = decide(snapshot(with_status(body, fallback), deployment=stuck))
+    assert deployment_of(freed)["spec"]["template"] == deployment_of(fallback)["spec"]["template"]
+    assert deployment_of(freed)["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 0,
+        "maxUnavailable": 2,
+    }
+    # A new Deployment whose pods are starting is left as it is.
+    starting = rolled_out(first, replicas=2)
+    starting["status"] = {"replicas": 2, "updatedReplicas": 2, "availableReplicas": 0}
+    again = decide(snapshot(with_status(body, first), deployment=starting))
+    assert deployment_of(again)["spec"]["strategy"] == starting["spec"]["strategy"]
+    # Serving replicas keep serving through a change: the pool has room to surge.
+    serving = rolled_out(first, replicas=2)
+    edited = isvc(replicas=2, placement=pools, memory={"maxModelLen": 4096})
+    changed = decide(snapshot(with_status(edited, first), deployment=serving))
+    assert deployment_of(changed)["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 1,
+        "maxUnavailable": 0,
+    }
+
+
 @pytest.mark.parametrize(
     ("asked", "rendered"),
     [

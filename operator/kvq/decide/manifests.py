@@ -104,8 +104,17 @@ def _rollout(
             unavailable = 1 if surge == 0 else 0
         return Rollout(surge, unavailable)
     live = _live_rollout(deployment)
+    # Nothing serves (the pods crash, or never started): a surge replica could wait for
+    # ever for a GPU the failing pods hold, so they are all replaced at once; that also
+    # frees a rollout already stuck that way.
+    serving = deployment is None or _available(deployment) > 0
+    everything = Rollout(max_surge=0, max_unavailable=max(isvc.spec.desired_replicas(), 1))
     if live is not None and _live_hash(deployment) == pod_hash:
+        if not serving and _old_pods_left(deployment) and live.max_unavailable == 0:
+            return everything
         return live  # the pods are not changing: keep what is there
+    if not serving:
+        return everything
     # A surge replica needs a slot beyond the ones the service's replicas take.
     return SURGE if verdict.slots > isvc.spec.desired_replicas() else ONE_AT_A_TIME
 
@@ -118,6 +127,17 @@ def _live_rollout(deployment: Mapping[str, Any] | None) -> Rollout | None:
     if isinstance(surge, int) and isinstance(unavailable, int):
         return Rollout(surge, unavailable)
     return None
+
+
+def _available(deployment: Mapping[str, Any]) -> int:
+    available = (deployment.get("status") or {}).get("availableReplicas")
+    return available if isinstance(available, int) else 0
+
+
+def _old_pods_left(deployment: Mapping[str, Any] | None) -> bool:
+    """Pods of an earlier template still run: a rollout is under way."""
+    status = (deployment or {}).get("status") or {}
+    return int(status.get("replicas") or 0) > int(status.get("updatedReplicas") or 0)
 
 
 def _live_hash(deployment: Mapping[str, Any] | None) -> str | None:
