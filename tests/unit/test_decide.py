@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from kvq.catalog.models import load_model_catalog
 from kvq.decide import Catalogs, OperatorConfig, Plan, Snapshot, decide
 from kvq.devcluster.profiles import load_profile, node_manifests
 from kvq.fallback.ladder import LadderPolicy
-from kvq.placement.discovery import GpuPod
+from kvq.placement.discovery import GpuPod, Reservation
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures/vllm"
@@ -499,6 +500,27 @@ def test_gpus_held_by_other_pods_make_a_pool_full() -> None:
     plan = decide(snapshot(isvc(), gpu_pods=taken))
     assert plan.status["placement"]["pool"] != cheapest
     assert conditions(plan)["Placed"] == ("True", "PoolChosen")
+
+
+def test_gpus_promised_to_deployments_not_bound_yet_make_a_pool_full() -> None:
+    # Services decided in the seconds before their pods are bound: the pool is promised
+    # to the first ones, the next goes elsewhere rather than wait for a GPU that is taken.
+    cheapest = decide(snapshot(isvc())).status["placement"]["pool"]
+    gpus = sum(
+        int(n["status"]["allocatable"]["nvidia.com/gpu"])
+        for n in nodes()
+        if cheapest in n["metadata"]["labels"].values()
+    )
+    promised = [Reservation(("team-b", "other"), cheapest, replicas=gpus, gpus_per_replica=1)]
+    plan = decide(replace(snapshot(isvc()), reservations=promised))
+    assert plan.status["placement"]["pool"] != cheapest
+    # Its own Deployment's promise is room for itself: it stays where it is.
+    body = isvc()
+    placed = decide(snapshot(body))
+    own = [Reservation(("team-a", "llama"), cheapest, replicas=1, gpus_per_replica=1)]
+    again = decide(replace(snapshot(with_status(body, placed)), reservations=own))
+    assert again.status["placement"]["pool"] == cheapest
+    assert conditions(again)["Placed"] == ("True", "PoolChosen")
 
 
 def test_gpus_the_service_holds_itself_are_room_for_it() -> None:

@@ -7,9 +7,16 @@ from typing import Any
 
 import pytest
 
+from kvq.api import keys
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.devcluster.profiles import load_profile, node_manifests
-from kvq.placement.discovery import discover_pools
+from kvq.placement.discovery import (
+    GpuPod,
+    Inventory,
+    Reservation,
+    discover_pools,
+    reservation,
+)
 
 CATALOG = load_gpu_catalog()
 
@@ -126,3 +133,47 @@ def test_nodes_read_once_per_version_still_count_each_decisions_pods() -> None:
     later = discover_pools([cordoned if n is h100 else n for n in nodes], catalog)
     node = next(n for p in later.pools for n in p.nodes if n.name == name)
     assert not node.ready
+
+
+def _free(inventory: Inventory, pool: str) -> int:
+    found = next(p for p in inventory.pools if p.name == pool)
+    return sum(node.free_for(None) for node in found.nodes)
+
+
+def test_replicas_not_bound_yet_take_their_gpus_once() -> None:
+    nodes = ready_nodes("hetero")
+    pool = "gpu-h100"  # one node of 8 GPUs
+    owner = ("team-a", "llama")
+    promised = [Reservation(owner, pool, replicas=3, gpus_per_replica=2)]
+    assert _free(discover_pools(nodes, CATALOG, reservations=promised), pool) == 8 - 6
+    # Two of the three bound: they are counted as pods, not a second time as a promise.
+    h100 = next(p for p in discover_pools(nodes, CATALOG).pools if p.name == pool)
+    bound = [GpuPod(h100.nodes[0].name, 2, owner), GpuPod(h100.nodes[0].name, 2, owner)]
+    both = discover_pools(nodes, CATALOG, gpu_pods=bound, reservations=promised)
+    assert _free(both, pool) == 8 - 6
+    # A promise never takes more than the pool has, nor a part of a replica.
+    huge = [Reservation(owner, pool, replicas=5, gpus_per_replica=3)]
+    assert _free(discover_pools(nodes, CATALOG, reservations=huge), pool) == 8 - 6
+
+
+def test_a_deployment_of_kvq_promises_its_replicas_gpus_on_its_pool() -> None:
+    deployment: dict[str, Any] = {
+        "metadata": {
+            "name": "llama",
+            "namespace": "team-a",
+            "labels": {keys.LABEL_INFERENCESERVICE: "llama"},
+        },
+        "spec": {
+            "replicas": 2,
+            "template": {
+                "metadata": {"annotations": {keys.ANNOTATION_POOL: "l4-pool"}},
+                "spec": {
+                    "containers": [{"resources": {"limits": {keys.GPU_RESOURCE: "2"}}}],
+                },
+            },
+        },
+    }
+    assert reservation(deployment) == Reservation(("team-a", "llama"), "l4-pool", 2, 2)
+    deleting = copy.deepcopy(deployment)
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    assert reservation(deleting) is None

@@ -13,7 +13,7 @@ from kvq.catalog.gpus import GpuCatalog
 from kvq.catalog.models import ModelCatalog
 from kvq.decide.metrics import EngineReading
 from kvq.fallback.ladder import LadderPolicy
-from kvq.placement.discovery import DEFAULT_POOL_LABELS, GpuPod
+from kvq.placement.discovery import DEFAULT_POOL_LABELS, GpuPod, Reservation
 from kvq.render.autoscaling import PrometheusAccess
 
 Manifest = dict[str, Any]
@@ -64,6 +64,8 @@ class Snapshot:
     catalogs: Catalogs
     gpu_pods: Sequence[GpuPod] = ()
     """Every pod bound to a node that holds GPUs (whose ever it is): what fills a pool."""
+    reservations: Sequence[Reservation] = ()
+    """What every engine Deployment of kvq's asks of its pool (replicas not bound yet)."""
     config: OperatorConfig = field(default_factory=OperatorConfig)
     log_tails: Mapping[str, str] = field(default_factory=dict)
     """Pod name -> bounded tail of its previous container's log, when the executor fetched it."""

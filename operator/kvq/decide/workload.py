@@ -69,7 +69,13 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     first = _findings(snap, key, current, current_pool)
     placements = place_rungs(
         isvc,
-        discover_pools(snap.nodes, snap.catalogs.gpus, snap.config.pool_labels, snap.gpu_pods),
+        discover_pools(
+            snap.nodes,
+            snap.catalogs.gpus,
+            snap.config.pool_labels,
+            snap.gpu_pods,
+            snap.reservations,
+        ),
         capability,
         arch,
         current_pool=current_pool,

@@ -2,7 +2,8 @@
 
 Nodes by name (pool discovery); engine Pods and the objects kvq renders (ConfigMap,
 Deployment, Service, PodDisruptionBudget), labelled managed-by kvq, by (namespace,
-InferenceService name); and every pod that holds GPUs (what fills a pool). Bodies are
+InferenceService name); every pod that holds GPUs and the GPUs each of kvq's Deployments
+asks of its pool (what fills a pool, and what it has promised). Bodies are
 kept without managedFields: the largest part of an object, and nothing kvq reads.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvq.api import keys
-from kvq.placement.discovery import GpuPod, gpu_pod
+from kvq.placement.discovery import GpuPod, Reservation, gpu_pod, reservation
 
 EngineKey = tuple[str, str]
 
@@ -37,9 +38,15 @@ def gpu_pods(body: Mapping[str, Any], **_: Any) -> dict[str, GpuPod]:
     return {GPU_PODS_KEY: found} if found is not None else {}
 
 
+def reservations(body: Mapping[str, Any], **_: Any) -> dict[str, Reservation]:
+    found = reservation(body)
+    return {GPU_PODS_KEY: found} if found is not None else {}
+
+
 # Index id (the kwarg name kopf passes it under) -> (group, version, plural).
 POD_INDEX = "kvq_pods"
 GPU_POD_INDEX = "kvq_gpu_pods"
+RESERVATION_INDEX = "kvq_reservations"
 NODE_INDEX = "kvq_nodes"
 OWNED_INDICES: dict[str, tuple[str, str, str]] = {
     "kvq_configmaps": ("", "v1", "configmaps"),

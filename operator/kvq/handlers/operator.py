@@ -168,6 +168,7 @@ async def serve_inference_service(
             pods=list(kwargs[indices.POD_INDEX].get(key, ())),
             gpu_pods=list(kwargs[indices.GPU_POD_INDEX].get(indices.GPU_PODS_KEY, ())),
             owned=owned,
+            reservations=list(kwargs[indices.RESERVATION_INDEX].get(indices.GPU_PODS_KEY, ())),
         )
 
     await controller.serve(key, observe, lambda observed: _reconcile(runtime, observed))
@@ -231,6 +232,9 @@ def build_registry() -> kopf.OperatorRegistry:
         _handler(indices.gpu_pods)
     )
     kopf.on.event("v1", "pods", registry=registry)(_handler(on_pod_event))
+    # kvq's Deployments' GPUs on their pools, bound or not yet: what a pool has promised.
+    kopf.index("apps/v1", "deployments", labels=managed, id=indices.RESERVATION_INDEX,
+               registry=registry)(_handler(indices.reservations))  # fmt: skip
     for index_id, (group, version, plural) in indices.OWNED_INDICES.items():
         api = f"{group}/{version}" if group else version
         kopf.index(api, plural, labels=managed, id=index_id, registry=registry)(by_owner)

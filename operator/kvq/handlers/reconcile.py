@@ -28,7 +28,7 @@ from kvq.k8s.logs import read_log_tails
 from kvq.k8s.status import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 from kvq.observe.prometheus import PrometheusReader
-from kvq.placement.discovery import GpuPod
+from kvq.placement.discovery import GpuPod, Reservation
 from kvq.render.autoscaling import SCALED_OBJECT_API, SCALED_OBJECT_KIND
 from kvq.render.routing import HTTP_ROUTE_API, INFERENCE_POOL_API
 from kvq.render.settings import RenderError, engine_image_and_version
@@ -71,6 +71,8 @@ class Observed:
     gpu_pods: Sequence[GpuPod]
     owned: Sequence[Mapping[str, Any]]
     """Objects labelled with this service's name (any incarnation: filtered by owner uid)."""
+    reservations: Sequence[Reservation] = ()
+    """What every engine Deployment of kvq's asks of its pool."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ def _reconcile_valid(
         nodes=observed.nodes,
         pods=observed.pods,
         gpu_pods=observed.gpu_pods,
+        reservations=observed.reservations,
         deployment=deployment,
         now=now,
         catalogs=runtime.catalogs,

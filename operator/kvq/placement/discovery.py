@@ -87,6 +87,20 @@ class GpuPod:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """What one of kvq's Deployments asks of its pool: GPUs its pods take once bound.
+
+    Pods are bound seconds after their Deployment is written, and many services are decided
+    in that time (a fleet applied at once, an operator restarted): counting only bound pods,
+    each of them sees the same free GPUs and a pool is promised several times over."""
+
+    owner: OwnerKey
+    pool: str
+    replicas: int
+    gpus_per_replica: int
+
+
+@dataclass(frozen=True)
 class _NodeFacts:
     pool: str
     pool_label: tuple[str, str] | None
@@ -103,14 +117,79 @@ def discover_pools(
     catalog: GpuCatalog,
     pool_labels: Sequence[str] = DEFAULT_POOL_LABELS,
     gpu_pods: Iterable[GpuPod] = (),
+    reservations: Iterable[Reservation] = (),
 ) -> Inventory:
-    """Group GPU nodes into pools (by pool label, then GPU product); others are ignored."""
+    """Group GPU nodes into pools (by pool label, then GPU product); others are ignored.
+    A node's GPUs are taken by the pods bound to it, and by the replicas of kvq's
+    Deployments not bound yet (`reservations`), placed first-fit as the scheduler would."""
     usage: dict[str, dict[OwnerKey | None, int]] = {}
     for pod in gpu_pods:
         per_node = usage.setdefault(pod.node, {})
         per_node[pod.owner] = per_node.get(pod.owner, 0) + pod.gpus
     facts = [_facts_of(node, tuple(pool_labels)) for node in nodes]
-    return _with_usage(_grouped(facts, catalog), usage)
+    inventory = _grouped(facts, catalog)
+    _reserve(inventory, usage, reservations)
+    return _with_usage(inventory, usage)
+
+
+def _reserve(
+    inventory: Inventory,
+    usage: dict[str, dict[OwnerKey | None, int]],
+    reservations: Iterable[Reservation],
+) -> None:
+    """Add the GPUs of replicas not bound yet to `usage`, first-fit on their pool's ready
+    nodes."""
+    pools = {pool.name: pool for pool in inventory.pools}
+    wanted: dict[tuple[OwnerKey, str], tuple[int, int]] = {}
+    for r in reservations:
+        if r.pool in pools and r.gpus_per_replica > 0 and r.replicas > 0:
+            gpus, step = wanted.get((r.owner, r.pool), (0, r.gpus_per_replica))
+            # Tiers of one service on one pool: their GPUs add up.
+            wanted[r.owner, r.pool] = (gpus + r.replicas * r.gpus_per_replica,
+                                       min(step, r.gpus_per_replica))  # fmt: skip
+    if not wanted:
+        return
+    pool_of = {node.name: pool.name for pool in inventory.pools for node in pool.nodes}
+    bound: dict[tuple[OwnerKey | None, str], int] = {}
+    for node_name, owners in usage.items():
+        if node_name in pool_of:
+            for who, held in owners.items():
+                key = (who, pool_of[node_name])
+                bound[key] = bound.get(key, 0) + held
+    for (owner, name), (gpus, step) in wanted.items():
+        outstanding = gpus - bound.get((owner, name), 0)
+        for node in pools[name].nodes:
+            if outstanding < step:
+                break
+            if not node.ready:
+                continue
+            taken = usage.setdefault(node.name, {})
+            room = max(node.allocatable - sum(taken.values()), 0)
+            fit = min(outstanding, room) // step * step
+            if fit > 0:
+                taken[owner] = taken.get(owner, 0) + fit
+                outstanding -= fit
+
+
+def reservation(deployment: Mapping[str, Any]) -> Reservation | None:
+    """The GPUs one of kvq's engine Deployments asks of its pool; None when it asks none
+    (being deleted, no pool, no GPU)."""
+    meta = deployment.get("metadata") or {}
+    owner = (meta.get("labels") or {}).get(keys.LABEL_INFERENCESERVICE)
+    namespace = meta.get("namespace")
+    if not owner or not namespace or meta.get("deletionTimestamp"):
+        return None
+    spec = deployment.get("spec") or {}
+    template = spec.get("template") or {}
+    pool = ((template.get("metadata") or {}).get("annotations") or {}).get(keys.ANNOTATION_POOL)
+    gpus = sum(
+        _quantity(((container.get("resources") or {}).get("limits") or {}).get(keys.GPU_RESOURCE))
+        for container in (template.get("spec") or {}).get("containers") or []
+    )
+    replicas = spec.get("replicas", 1)
+    if not pool or gpus <= 0 or not isinstance(replicas, int):
+        return None
+    return Reservation((str(namespace), str(owner)), str(pool), replicas, gpus)
 
 
 # A fleet's decisions read the same few hundred nodes again and again: a node is read once
