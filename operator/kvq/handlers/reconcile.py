@@ -21,6 +21,7 @@ from kvq.decide.invalid import invalid_status
 from kvq.decide.metrics import EngineReading
 from kvq.decide.types import Catalogs, EventSpec, OperatorConfig, Plan, Snapshot
 from kvq.handlers.controller import PassResult
+from kvq.handlers.promises import Promises
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.executor import ExecutionResult, Memory, execute
@@ -46,6 +47,7 @@ class Runtime:
     metrics_reader: PrometheusReader | None = None
     """Engine metrics for status.metrics; None when the operator has no Prometheus."""
     memory: Memory = field(default_factory=Memory)
+    promises: Promises = field(default_factory=Promises)
     _served: dict[tuple[str, str], tuple[float, bool]] = field(default_factory=dict)
 
     def serves(self, api_version: str, kind: str) -> bool:
@@ -89,6 +91,7 @@ def reconcile(runtime: Runtime, observed: Observed, now: datetime | None = None)
     now = now or datetime.now(UTC)
     raw = dict(observed.body)
     if raw["metadata"].get("deletionTimestamp"):
+        runtime.promises.forget((raw["metadata"].get("namespace", ""), raw["metadata"]["name"]))
         RECONCILES.labels(result="deleting").inc()
         return Outcome(None, None, PassResult(gone=True))
     try:
@@ -143,7 +146,8 @@ def _reconcile_valid(
         and isvc.spec.routing.inference_pool
         and runtime.serves(INFERENCE_POOL_API, "InferencePool"),
     )
-    plan = _timed_decide(snapshot)
+    owner = (isvc.metadata.namespace or "", isvc.metadata.name)
+    plan = runtime.promises.decide(owner, snapshot, _timed_decide)
     if plan.fetch_log_tails:
         tails = read_log_tails(
             runtime.clients,
@@ -152,7 +156,7 @@ def _reconcile_valid(
             observed.pods,
             runtime.config,
         )
-        plan = _timed_decide(replace(snapshot, log_tails=tails))
+        plan = runtime.promises.decide(owner, replace(snapshot, log_tails=tails), _timed_decide)
     return plan, execute(runtime.clients, plan, raw, owned, runtime.memory, now)
 
 
