@@ -47,7 +47,7 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         running[0] += 1
-        time.sleep(0.3)
+        time.sleep(0.3)  # a request's service time (not a wait): concurrent requests overlap
         answer = {"usage": {"prompt_tokens": len(body["prompt"]),
                             "completion_tokens": body["max_tokens"]}}
         running[0] -= 1

@@ -4,10 +4,35 @@ equals, and a cancelled waiter never loses a slot."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 
 from kvq.handlers.slots import Priority, Slots
+
+DEADLINE_S = 5.0
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    """Let the other tasks run until `condition` holds, failing after DEADLINE_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {DEADLINE_S} s waiting for {what}")
+        await _next_turn()
+
+
+def _queued(slots: Slots, count: int) -> bool:
+    return slots.waiting == count
+
+
+async def _next_turn() -> None:
+    """Let every other ready task run once."""
+    turn = asyncio.get_running_loop().create_future()
+    turn.get_loop().call_soon(turn.set_result, None)
+    await turn
 
 
 async def _order_of_admission(slots: Slots, arrivals: list[tuple[str, Priority]]) -> list[str]:
@@ -23,11 +48,11 @@ async def _order_of_admission(slots: Slots, arrivals: list[tuple[str, Priority]]
             admitted.append(name)
 
     first = asyncio.create_task(holder())
-    await asyncio.sleep(0)  # the holder takes the only slot
+    await _until(lambda: slots.free == 0, "the holder to take the only slot")
     tasks = []
-    for name, priority in arrivals:
+    for queued, (name, priority) in enumerate(arrivals, start=1):
         tasks.append(asyncio.create_task(waiter(name, priority)))
-        await asyncio.sleep(0)  # queued in this order
+        await _until(partial(_queued, slots, queued), f"{name} queued")  # in this order
     assert admitted == []  # nobody passes while the slot is held
     gate.set()
     await asyncio.gather(first, *tasks)
@@ -62,11 +87,11 @@ def test_a_cancelled_waiter_hands_its_turn_on() -> None:
                 admitted.append(name)
 
         first = asyncio.create_task(holder())
-        await asyncio.sleep(0)
+        await _until(lambda: slots.free == 0, "the holder to take the only slot")
         gone = asyncio.create_task(waiter("gone"))
-        await asyncio.sleep(0)
+        await _until(lambda: slots.waiting == 1, "gone queued")
         kept = asyncio.create_task(waiter("kept"))
-        await asyncio.sleep(0)
+        await _until(lambda: slots.waiting == 2, "kept queued")
         gone.cancel()
         gate.set()
         await first
@@ -88,7 +113,7 @@ def test_no_more_than_its_size_at_once() -> None:
             async with slots.held():
                 running += 1
                 peak = max(peak, running)
-                await asyncio.sleep(0)
+                await _next_turn()  # the others try to enter meanwhile
                 running -= 1
 
         await asyncio.gather(*(work() for _ in range(20)))

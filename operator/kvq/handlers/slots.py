@@ -40,6 +40,10 @@ class Slots:
             self._release()
 
     @property
+    def free(self) -> int:
+        return self._free
+
+    @property
     def waiting(self) -> int:
         return sum(not turn.done() for queue in self._queues for turn in queue)
 
