@@ -14,9 +14,13 @@ exec 9>"$cache/.venv.lock"
 flock 9
 if [ ! -x "$venv/bin/kvq" ] || [ ! -f "$venv/.complete" ]; then
   rm -rf "$venv"
+  # Progress on stderr (stdout is the venv's path, read by make).
+  echo "[venv] creating $venv with kvq and its test tools (once per pyproject; 1-4 minutes)" >&2
+  started=$SECONDS
   "$py" -m venv "$venv" >&2
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "uv>=0.5" >&2
   "$venv/bin/uv" pip install -q --python "$venv/bin/python" -e "$here[dev]" >&2
   touch "$venv/.complete"
+  echo "[venv] ready in $((SECONDS - started)) s" >&2
 fi
 echo "$venv"
