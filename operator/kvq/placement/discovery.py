@@ -182,10 +182,7 @@ def reservation(deployment: Mapping[str, Any]) -> Reservation | None:
     spec = deployment.get("spec") or {}
     template = spec.get("template") or {}
     pool = ((template.get("metadata") or {}).get("annotations") or {}).get(keys.ANNOTATION_POOL)
-    gpus = sum(
-        _quantity(((container.get("resources") or {}).get("limits") or {}).get(keys.GPU_RESOURCE))
-        for container in (template.get("spec") or {}).get("containers") or []
-    )
+    gpus = _gpus_of(template.get("spec") or {})
     replicas = spec.get("replicas", 1)
     if not pool or gpus <= 0 or not isinstance(replicas, int):
         return None
@@ -293,19 +290,25 @@ def gpu_pod(pod: Mapping[str, Any]) -> GpuPod | None:
     node = spec.get("nodeName")
     if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
-    gpus = 0
-    for container in spec.get("containers") or []:
-        resources = container.get("resources") or {}
-        wanted = (resources.get("limits") or {}).get(keys.GPU_RESOURCE) or (
-            resources.get("requests") or {}
-        ).get(keys.GPU_RESOURCE)
-        gpus += _quantity(wanted)
+    gpus = _gpus_of(spec)
     if gpus == 0:
         return None
     meta = pod.get("metadata") or {}
     owner = (meta.get("labels") or {}).get(keys.LABEL_INFERENCESERVICE)
     namespace = meta.get("namespace")
     return GpuPod(str(node), gpus, (namespace, owner) if owner and namespace else None)
+
+
+def _gpus_of(pod_spec: Mapping[str, Any]) -> int:
+    """GPUs a pod (or a pod template) asks for: each container's limit, else its request."""
+    gpus = 0
+    for container in pod_spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        wanted = (resources.get("limits") or {}).get(keys.GPU_RESOURCE) or (
+            resources.get("requests") or {}
+        ).get(keys.GPU_RESOURCE)
+        gpus += _quantity(wanted)
+    return gpus
 
 
 def _pool(
