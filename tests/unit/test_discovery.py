@@ -6,6 +6,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvq.api import keys
 from kvq.catalog.gpus import load_gpu_catalog
@@ -17,6 +19,7 @@ from kvq.placement.discovery import (
     discover_pools,
     reservation,
 )
+from kvq.placement.pool import OwnerKey
 
 CATALOG = load_gpu_catalog()
 
@@ -177,3 +180,87 @@ def test_a_deployment_of_kvq_promises_its_replicas_gpus_on_its_pool() -> None:
     deleting = copy.deepcopy(deployment)
     deleting["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
     assert reservation(deleting) is None
+
+
+def _full_scan_first_fit(
+    nodes: list[tuple[str, int, bool]],
+    bound: list[tuple[str, OwnerKey, int]],
+    promised: list[Reservation],
+) -> dict[str, dict[OwnerKey | None, int]]:
+    """The scheduler's first fit, node by node from the first for every replica: what
+    `discover_pools` must agree with, however it gets there."""
+    usage: dict[str, dict[OwnerKey | None, int]] = {}
+    for node, owner, gpus in bound:
+        usage.setdefault(node, {})[owner] = usage.get(node, {}).get(owner, 0) + gpus
+    wanted: dict[OwnerKey, tuple[int, int]] = {}
+    for r in promised:
+        gpus, step = wanted.get(r.owner, (0, r.gpus_per_replica))
+        wanted[r.owner] = (gpus + r.replicas * r.gpus_per_replica, min(step, r.gpus_per_replica))
+    for owner, (gpus, step) in wanted.items():
+        outstanding = gpus - sum(u.get(owner, 0) for u in usage.values())
+        for name, allocatable, ready in nodes:
+            if outstanding < step:
+                break
+            if not ready:
+                continue
+            taken = usage.setdefault(name, {})
+            fit = min(outstanding, max(allocatable - sum(taken.values()), 0)) // step * step
+            if fit > 0:
+                taken[owner] = taken.get(owner, 0) + fit
+                outstanding -= fit
+    return {name: held for name, held in usage.items() if held}
+
+
+_OWNERS = [("team", f"svc-{i}") for i in range(6)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shape=st.lists(st.tuples(st.integers(0, 8), st.booleans()), min_size=1, max_size=8),
+    bound=st.lists(st.tuples(st.integers(0, 7), st.sampled_from(_OWNERS), st.integers(1, 4))),
+    promised=st.lists(
+        st.tuples(st.sampled_from(_OWNERS), st.integers(1, 3), st.sampled_from([1, 2, 4, 8])),
+        max_size=10,
+    ),
+)
+def test_promised_replicas_land_where_a_full_first_fit_scan_puts_them(
+    shape: list[tuple[int, bool]],
+    bound: list[tuple[int, OwnerKey, int]],
+    promised: list[tuple[OwnerKey, int, int]],
+) -> None:
+    pool = "gpu-h100"
+    template = next(n for n in ready_nodes("hetero") if pool in n["metadata"]["labels"].values())
+    nodes = []
+    for index, (gpus, ready) in enumerate(shape):
+        node = copy.deepcopy(template)
+        node["metadata"]["name"] = f"h100-{index}"
+        node["status"]["capacity"][keys.GPU_RESOURCE] = node["status"]["allocatable"][
+            keys.GPU_RESOURCE
+        ] = str(gpus)
+        node["status"]["conditions"] = [{"type": "Ready", "status": str(ready)}]
+        nodes.append(node)
+    names = sorted(n["metadata"]["name"] for n in nodes)  # the pool's order
+    by_name = {n["metadata"]["name"]: n for n in nodes}
+    on_nodes = [(names[i % len(names)], owner, gpus) for i, owner, gpus in bound]
+    reservations = [Reservation(owner, pool, replicas, step) for owner, replicas, step in promised]
+    found = discover_pools(
+        nodes,
+        CATALOG,
+        gpu_pods=[GpuPod(node, gpus, owner) for node, owner, gpus in on_nodes],
+        reservations=reservations,
+    )
+    expected = _full_scan_first_fit(
+        [
+            (
+                name,
+                int(by_name[name]["status"]["allocatable"][keys.GPU_RESOURCE]),
+                by_name[name]["status"]["conditions"][0]["status"] == "True",
+            )
+            for name in names
+        ],
+        on_nodes,
+        reservations,
+    )
+    pools = [p for p in found.pools if p.name == pool]
+    held = {n.name: dict(n.used) for p in pools for n in p.nodes if n.used}
+    assert held == expected

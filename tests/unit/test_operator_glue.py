@@ -26,6 +26,7 @@ from kvq.handlers.slots import Priority
 from kvq.k8s.apply import holds
 from kvq.k8s.status import without_nulls
 from kvq.metrics import count_event
+from tests.unit.test_slots import until
 
 LIVE: dict[str, Any] = {
     "apiVersion": "apps/v1",
@@ -357,9 +358,9 @@ def test_a_pass_retried_after_a_conflict_keeps_its_priority() -> None:
         asked: list[Priority] = []
         held = slots.held
 
-        def recording(priority: Priority = Priority.ROUTINE) -> Any:
+        def recording(priority: Priority = Priority.ROUTINE, key: Any = None) -> Any:
             asked.append(priority)
-            return held(priority)
+            return held(priority, key)
 
         slots.held = recording  # type: ignore[method-assign]
         loop = asyncio.get_running_loop()
@@ -382,3 +383,52 @@ def test_a_pass_retried_after_a_conflict_keeps_its_priority() -> None:
 
     # The first pass of a new service, then its retry: both ahead of routine passes.
     assert asyncio.run(scenario()) == [Priority.CHANGE, Priority.CHANGE]
+
+
+def test_a_crash_while_its_pass_waits_moves_that_pass_up_instead_of_queueing_another() -> None:
+    async def scenario() -> tuple[list[str], bool]:
+        controller = Controller(workers=1)
+        controller.start()
+        slots = controller._slots
+        assert slots is not None
+        admitted: list[str] = []
+        gate = asyncio.Event()
+        crashed = ("a", "crashed")
+        controller._signals[crashed] = asyncio.Event()  # its daemon runs (and waits)
+
+        async def holder() -> None:
+            async with slots.held():
+                await gate.wait()
+
+        async def queued(key: tuple[str, str], priority: Priority) -> None:
+            async with slots.held(priority, key):
+                admitted.append(key[1])
+
+        first = asyncio.create_task(holder())
+        await until(lambda: slots.free == 0, "the holder to take the only worker")
+        waiters = [
+            asyncio.create_task(queued(crashed, Priority.ROUTINE)),
+            asyncio.create_task(queued(("a", "new"), Priority.CHANGE)),
+        ]
+        await until(lambda: slots.waiting == 2, "both passes queued")
+        controller.notify(crashed, Priority.FAILURE)
+        signalled = controller._signals[crashed].is_set()
+        gate.set()
+        await asyncio.gather(first, *waiters)
+        controller.stop()
+        return admitted, signalled
+
+    admitted, signalled = asyncio.run(scenario())
+    assert admitted == ["crashed", "new"]  # ahead of the new service queued before it
+    assert not signalled  # the waiting pass reads the crash; no second pass queued
+
+
+def test_kopf_builds_no_diff_base_because_kvq_has_no_change_handlers() -> None:
+    from kvq.handlers.operator import EssenceFree, build_registry
+
+    registry = build_registry()
+    # kopf diffs a body only for change handlers (on.create/update/field): with one, the
+    # empty essence would hide every change from it.
+    assert list(registry._changing.get_all_handlers()) == []
+    body = {"metadata": {"name": "p", "labels": {"a": "b"}}, "spec": {"x": 1}}
+    assert EssenceFree(prefix=keys.GROUP).build(body=body) == {}  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from kvq.handlers.slots import Priority, Slots
 DEADLINE_S = 5.0
 
 
-async def _until(condition: Callable[[], bool], what: str) -> None:
+async def until(condition: Callable[[], bool], what: str) -> None:
     """Let the other tasks run until `condition` holds, failing after DEADLINE_S."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DEADLINE_S
@@ -48,11 +48,11 @@ async def _order_of_admission(slots: Slots, arrivals: list[tuple[str, Priority]]
             admitted.append(name)
 
     first = asyncio.create_task(holder())
-    await _until(lambda: slots.free == 0, "the holder to take the only slot")
+    await until(lambda: slots.free == 0, "the holder to take the only slot")
     tasks = []
     for queued, (name, priority) in enumerate(arrivals, start=1):
         tasks.append(asyncio.create_task(waiter(name, priority)))
-        await _until(partial(_queued, slots, queued), f"{name} queued")  # in this order
+        await until(partial(_queued, slots, queued), f"{name} queued")  # in this order
     assert admitted == []  # nobody passes while the slot is held
     gate.set()
     await asyncio.gather(first, *tasks)
@@ -87,11 +87,11 @@ def test_a_cancelled_waiter_hands_its_turn_on() -> None:
                 admitted.append(name)
 
         first = asyncio.create_task(holder())
-        await _until(lambda: slots.free == 0, "the holder to take the only slot")
+        await until(lambda: slots.free == 0, "the holder to take the only slot")
         gone = asyncio.create_task(waiter("gone"))
-        await _until(lambda: slots.waiting == 1, "gone queued")
+        await until(lambda: slots.waiting == 1, "gone queued")
         kept = asyncio.create_task(waiter("kept"))
-        await _until(lambda: slots.waiting == 2, "kept queued")
+        await until(lambda: slots.waiting == 2, "kept queued")
         gone.cancel()
         gate.set()
         await first
@@ -120,3 +120,42 @@ def test_no_more_than_its_size_at_once() -> None:
         return peak
 
     assert asyncio.run(scenario()) == 3
+
+
+def test_a_waiter_moved_up_goes_ahead_of_those_it_now_outranks() -> None:
+    async def scenario() -> tuple[list[str], Priority | None]:
+        slots = Slots(1)
+        admitted: list[str] = []
+        gate = asyncio.Event()
+
+        async def holder() -> None:
+            async with slots.held():
+                await gate.wait()
+
+        async def waiter(name: str, priority: Priority) -> None:
+            async with slots.held(priority, key=name):
+                admitted.append(name)
+
+        first = asyncio.create_task(holder())
+        await until(lambda: slots.free == 0, "the holder to take the only slot")
+        tasks = []
+        arrivals = [
+            ("pod-a", Priority.ROUTINE),
+            ("new-b", Priority.CHANGE),
+            ("crash-c", Priority.ROUTINE),
+        ]
+        for queued, (name, priority) in enumerate(arrivals, start=1):
+            tasks.append(asyncio.create_task(waiter(name, priority)))
+            await until(partial(_queued, slots, queued), f"{name} queued")
+        assert slots.promote("crash-c", Priority.FAILURE)  # its engine crashed meanwhile
+        assert slots.promote("new-b", Priority.ROUTINE)  # waits; never moved down
+        assert slots.queued("new-b") == Priority.CHANGE
+        moved = slots.queued("crash-c")
+        gate.set()
+        await asyncio.gather(first, *tasks)
+        assert slots.queued("crash-c") is None and not slots.promote("crash-c", Priority.FAILURE)
+        return admitted, moved
+
+    admitted, moved = asyncio.run(scenario())
+    assert moved == Priority.FAILURE
+    assert admitted == ["crash-c", "new-b", "pod-a"]

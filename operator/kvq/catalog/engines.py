@@ -8,7 +8,7 @@ chooser ask ("does 0.20 have --swap-space?", "does fp8_e5m2 run on CC 9.0?").
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -231,6 +231,10 @@ class EngineCatalog:
     first: Minor
     last: Minor
     raw: dict[str, Any]
+    # Built once per version: every decision asks for its engine's capability.
+    _built: dict[str, EngineCapability] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def capability(self, version: str) -> EngineCapability:
         """The capability of one vLLM version ("0.26.0", "v0.26.0", "0.26")."""
@@ -241,7 +245,10 @@ class EngineCatalog:
                 f"({_fmt(self.first)} to {_fmt(self.last)}): use an image in that range "
                 "or set spec.engine.version to the version the image runs"
             )
-        return _build_capability(self.raw, version.removeprefix("v"), minor)
+        plain = version.removeprefix("v")
+        if plain not in self._built:
+            self._built[plain] = _build_capability(self.raw, plain, minor)
+        return self._built[plain]
 
 
 def parse_minor(version: str) -> Minor:

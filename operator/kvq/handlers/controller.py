@@ -97,8 +97,12 @@ class Controller:
         signal = self._signals.get(key)
         if signal is None:
             return  # no daemon (yet, or any more): its first pass reads everything anyway
-        self._priority[key] = min(priority, self._priority.get(key, Priority.ROUTINE))
         self._changed_at.setdefault(key, time.monotonic())
+        if self._slots is not None and self._slots.promote(key, priority):
+            # Its pass waits for a worker and reads the caches once admitted: it sees this
+            # change too, now with the more urgent of the two priorities.
+            return
+        self._priority[key] = min(priority, self._priority.get(key, Priority.ROUTINE))
         signal.set()
 
     def notify_many(self, keys_: Iterable[EngineKey]) -> None:
@@ -214,7 +218,7 @@ class Controller:
         reconcile: Callable[[T], PassResult],
     ) -> PassResult | None:
         assert self._slots is not None, "Controller.start() was not called"
-        async with self._slots.held(priority):
+        async with self._slots.held(priority, key):
             changed = self._changed_at.pop(key, None)
             if changed is not None:
                 QUEUE_WAIT_SECONDS.observe(time.monotonic() - changed)

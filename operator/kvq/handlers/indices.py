@@ -23,14 +23,14 @@ GPU_PODS_KEY = "gpu-pods"
 
 
 def kvq_nodes(name: str, body: Mapping[str, Any], **_: Any) -> dict[str, dict[str, Any]]:
-    return {name: plain(body)}
+    return {name: stored(body)}
 
 
 def by_inference_service(
     namespace: str | None, labels: Mapping[str, str], body: Mapping[str, Any], **_: Any
 ) -> dict[EngineKey, dict[str, Any]]:
     owner = labels.get(keys.LABEL_INFERENCESERVICE)
-    return {(namespace, owner): plain(body)} if owner and namespace else {}
+    return {(namespace, owner): stored(body)} if owner and namespace else {}
 
 
 def gpu_pods(body: Mapping[str, Any], **_: Any) -> dict[str, GpuPod]:
@@ -62,9 +62,22 @@ OWNED_INDICES: dict[str, tuple[str, str, str]] = {
 }
 
 
+def stored(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What an index keeps of a watched object: its parsed event, without managedFields.
+
+    kopf parses every watch event into new dicts and never changes them afterwards (a
+    newer event replaces the object whole), so sharing them costs no copy; kvq only reads
+    them. The rest of the event (managedFields) is freed with it."""
+    kept = dict(body)
+    metadata = kept.get("metadata")
+    if isinstance(metadata, Mapping) and "managedFields" in metadata:
+        kept["metadata"] = {k: v for k, v in metadata.items() if k != "managedFields"}
+    return kept
+
+
 def plain(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A detached copy without managedFields: kopf's bodies are live views that change
-    under a running reconcile."""
+    """A detached copy without managedFields: the InferenceService's body is a live view
+    that kopf changes under a running reconcile."""
     copied = copy.deepcopy(dict(body))
     metadata = copied.get("metadata")
     if isinstance(metadata, dict):

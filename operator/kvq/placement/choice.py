@@ -19,7 +19,7 @@ from kvq.api.spec import Toleration
 from kvq.catalog.engines import EngineCapability
 from kvq.catalog.models import ModelArchitecture
 from kvq.placement.discovery import TRANSIENT_TAINT_KEYS, Inventory
-from kvq.placement.pool import GpuNode, NodePool, OwnerKey, Taint
+from kvq.placement.pool import NodePool, OwnerKey, Taint
 from kvq.placement.tensor_parallel import tensor_parallel_problem
 from kvq.planner import CapacityPlan, plan_capacity
 from kvq.planner.weights import WeightFormat
@@ -213,23 +213,28 @@ def _judge(
 def _room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:
     """Replicas that fit now, and why not all of them do ("" when they do)."""
     need = request.gpus_per_replica
-    usable = [n for n in pool.nodes if _usable(n, request.tolerations)]
-    slots = sum(n.free_for(request.owner) // need for n in usable)
+    allowed: dict[frozenset[Taint], bool] = {}  # a pool's nodes share a few taint sets
+    frees = []
+    for node in pool.nodes:
+        if not node.ready:
+            continue
+        if node.taints not in allowed:
+            allowed[node.taints] = _tolerates_all(node.taints, request.tolerations)
+        if allowed[node.taints]:
+            frees.append(node.free_for(request.owner))
+    slots = sum(free // need for free in frees)
     if slots >= request.replicas:
         return slots, ""
-    if not usable:
+    if not frees:
         return 0, _unusable(pool, request.tolerations)
-    free = sum(n.free_for(request.owner) for n in usable)
     return slots, (
-        f"room for {slots} of {request.replicas} replicas now ({free} free GPUs on "
-        f"{len(usable)} usable nodes, {need} per replica)"
+        f"room for {slots} of {request.replicas} replicas now ({sum(frees)} free GPUs on "
+        f"{len(frees)} usable nodes, {need} per replica)"
     )
 
 
-def _usable(node: GpuNode, tolerations: Sequence[Toleration]) -> bool:
-    return node.ready and all(
-        t.effect == "PreferNoSchedule" or tolerated(t, tolerations) for t in node.taints
-    )
+def _tolerates_all(taints: frozenset[Taint], tolerations: Sequence[Toleration]) -> bool:
+    return all(t.effect == "PreferNoSchedule" or tolerated(t, tolerations) for t in taints)
 
 
 def _unusable(pool: NodePool, tolerations: Sequence[Toleration]) -> str:

@@ -156,19 +156,30 @@ def _reserve(
             for who, held in owners.items():
                 key = (who, pool_of[node_name])
                 bound[key] = bound.get(key, 0) + held
+    totals = {name: sum(owners.values()) for name, owners in usage.items()}
+    # First-fit resumes where the last replica of the same size stopped: room only shrinks
+    # here, so nodes that were full for that size stay full (a fleet's reservations would
+    # otherwise rescan the pool's full nodes once each).
+    first_open: dict[tuple[str, int], int] = {}
     for (owner, name), (gpus, step) in wanted.items():
         outstanding = gpus - bound.get((owner, name), 0)
-        for node in pools[name].nodes:
-            if outstanding < step:
-                break
-            if not node.ready:
-                continue
-            taken = usage.setdefault(node.name, {})
-            room = max(node.allocatable - sum(taken.values()), 0)
+        nodes = pools[name].nodes
+        index = first_open.get((name, step), 0)
+        open_at: int | None = None
+        while outstanding >= step and index < len(nodes):
+            node = nodes[index]
+            room = max(node.allocatable - totals.get(node.name, 0), 0) if node.ready else 0
             fit = min(outstanding, room) // step * step
             if fit > 0:
+                taken = usage.setdefault(node.name, {})
                 taken[owner] = taken.get(owner, 0) + fit
+                totals[node.name] = totals.get(node.name, 0) + fit
                 outstanding -= fit
+                room -= fit
+            if room >= step and open_at is None:
+                open_at = index
+            index += 1
+        first_open[name, step] = index if open_at is None else open_at
 
 
 def reservation(deployment: Mapping[str, Any]) -> Reservation | None:
@@ -248,18 +259,19 @@ def _with_usage(
     if not usage:
         return inventory
     pools = tuple(
-        replace(
-            pool,
-            nodes=tuple(
-                replace(node, used=dict(usage[node.name])) if node.name in usage else node
-                for node in pool.nodes
-            ),
-        )
+        replace(pool, nodes=tuple(_used(node, usage.get(node.name)) for node in pool.nodes))
         if any(node.name in usage for node in pool.nodes)
         else pool
         for pool in inventory.pools
     )
     return Inventory(pools, inventory.unknown)
+
+
+def _used(node: GpuNode, used: Mapping[OwnerKey | None, int] | None) -> GpuNode:
+    # Built directly, not by dataclasses.replace: a fleet's decision does this per node.
+    if used is None:
+        return node
+    return GpuNode(node.name, node.allocatable, node.ready, node.taints, dict(used))
 
 
 def node_fingerprint(
@@ -368,11 +380,22 @@ def _read_node(
             name=name,
             allocatable=allocatable,
             ready=_is_ready(status) and not spec.get("unschedulable", False),
-            taints=frozenset(_taints(spec.get("taints") or [])),
+            taints=_interned(frozenset(_taints(spec.get("taints") or []))),
             used=dict(usage.get(name, {})),
         ),
         labels=labels,
     )
+
+
+# Nodes of a pool carry the same few taint sets; one object per set lets placement tell
+# them apart by identity (a dict lookup that never compares taints field by field).
+_TAINT_SETS: dict[frozenset[Taint], frozenset[Taint]] = {}
+
+
+def _interned(taints: frozenset[Taint]) -> frozenset[Taint]:
+    if len(_TAINT_SETS) >= _FACTS_LIMIT:
+        _TAINT_SETS.clear()
+    return _TAINT_SETS.setdefault(taints, taints)
 
 
 def _slug(product: str) -> str:

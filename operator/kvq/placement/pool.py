@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from kvq.api import keys
@@ -34,10 +35,15 @@ class GpuNode:
     used: Mapping[OwnerKey | None, int] = field(default_factory=dict)
     """GPUs requested by pods bound to the node, by owning InferenceService (None: others)."""
 
+    @cached_property
+    def taken(self) -> int:
+        """GPUs requested by every pod bound to the node."""
+        return sum(self.used.values())
+
     def free_for(self, owner: OwnerKey | None) -> int:
         """GPUs a replica of `owner` could use: free ones plus those `owner` holds already."""
-        taken = sum(gpus for who, gpus in self.used.items() if who != owner or owner is None)
-        return max(self.allocatable - taken, 0)
+        own = self.used.get(owner, 0) if owner is not None else 0
+        return max(self.allocatable - self.taken + own, 0)
 
 
 @dataclass(frozen=True)

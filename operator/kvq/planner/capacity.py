@@ -8,7 +8,7 @@ blocks of `block_size` tokens across all layers; concurrency = tokens / max_mode
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -105,6 +105,8 @@ def _smallest_fitting_tp(
     return None
 
 
+# Pure and asked the same questions by every decision of a fleet (each pool, each rung).
+@lru_cache(maxsize=4096)
 def plan_capacity(
     arch: ModelArchitecture,
     gpu: GpuModel,
