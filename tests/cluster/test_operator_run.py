@@ -1,5 +1,6 @@
 """`kvq run` end to end: an InferenceService becomes Ready on a KWOK GPU node, the steady
-state writes nothing, and a killed operator restarted converges without duplicates."""
+state writes nothing, a killed operator restarted converges without duplicates, and a
+service is deleted at once, with or without the operator."""
 
 from __future__ import annotations
 
@@ -192,8 +193,7 @@ def test_a_killed_operator_restarted_converges_without_duplicates(
     assert len(objects["ReplicaSet"]) == 1
     assert len(objects["Pod"]) == 1
     assert conditions(kube, namespace)["Ready"]["status"] == "True"
-    # Deleting now often meets the restarted operator's first pass: kopf stops the daemon,
-    # then lifts its finalizer at once.
+    # Deleting now often meets the restarted operator's first pass: its loop ends there.
     began = time.monotonic()
     kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
     wait_for_deletion(lambda: read_isvc(kube, namespace, NAME), what="deletion", timeout=30)
@@ -221,3 +221,23 @@ def test_a_restart_at_steady_state_writes_nothing(
 
     assert operator.sample("kvq_writes_total") == 0, operator.log_tail()
     assert read_isvc(kube, namespace, NAME)["metadata"]["resourceVersion"] == version
+
+
+def test_a_service_deleted_while_the_operator_is_stopped_goes_at_once_with_its_objects(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    create_isvc(kube, namespace, inference_service(NAME))
+    assert kubectl_wait_ready(kube, namespace).returncode == 0, operator.log_tail()
+    # No finalizer holds the object for the operator (kopf's daemons would add one).
+    assert not read_isvc(kube, namespace, NAME)["metadata"].get("finalizers")
+    operator.stop()
+
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
+    wait_for_deletion(lambda: read_isvc(kube, namespace, NAME), what="deletion", timeout=10)
+    # Garbage collection takes what kvq rendered, by the ownerReferences.
+    wait_until(
+        lambda: not any(managed_objects(kube, namespace).values()),
+        what="the service's Deployment, Service, ConfigMap, ReplicaSet and pod to go",
+        timeout=60,
+        describe=lambda: str(managed_objects(kube, namespace)),
+    )

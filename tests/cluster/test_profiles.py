@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from kvq.devcluster.profiles import load_profile, node_manifests, scale_profile
@@ -58,6 +60,17 @@ def test_every_gpu_node_is_kwok_managed_tainted_and_labelled(profile: str) -> No
 def test_unknown_profile_names_the_known_ones() -> None:
     with pytest.raises(FileNotFoundError, match="hetero"):
         load_profile("no-such-profile")
+
+
+@pytest.mark.parametrize(("profile", "loopback"), [("hetero", True), ("fleet", False)])
+def test_pods_get_loopback_ips_unless_the_profile_gives_slice_ready_ones(
+    profile: str, loopback: bool
+) -> None:
+    # The API server refuses loopback EndpointSlice addresses (and tests bind real servers
+    # to loopback pod IPs); a fleet's Services get their slices written as on a real cluster.
+    network = ipaddress.ip_network(load_profile(profile).pod_cidr)
+    assert network.is_loopback is loopback
+    assert network.num_addresses >= 65536
 
 
 def test_fleet_is_500_eight_gpu_nodes() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -367,13 +368,15 @@ def test_a_pass_retried_after_a_conflict_keeps_its_priority() -> None:
         done = asyncio.Event()
         results = iter([PassResult(conflict=True), PassResult()])
 
-        def reconcile(_: None) -> PassResult:
+        def carry_out(_: None, urgency: int) -> PassResult:
             result = next(results)
             if not result.conflict:
                 loop.call_soon_threadsafe(done.set)
             return result
 
-        daemon = asyncio.create_task(controller.serve(("a", "llama"), lambda: None, reconcile))
+        daemon = asyncio.create_task(
+            controller.serve(("a", "llama"), lambda: None, lambda observed: observed, carry_out)
+        )
         await asyncio.wait_for(done.wait(), timeout=10)
         daemon.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -432,3 +435,91 @@ def test_kopf_builds_no_diff_base_because_kvq_has_no_change_handlers() -> None:
     assert list(registry._changing.get_all_handlers()) == []
     body = {"metadata": {"name": "p", "labels": {"a": "b"}}, "spec": {"x": 1}}
     assert EssenceFree(prefix=keys.GROUP).build(body=body) == {}  # type: ignore[arg-type]
+
+
+def test_a_new_service_is_decided_while_another_pass_waits_on_its_writes() -> None:
+    async def scenario() -> list[str]:
+        controller = Controller(workers=1)  # one decision at a time
+        controller.start()
+        loop = asyncio.get_running_loop()
+        order: list[str] = []
+        writes_done = threading.Event()
+        b_decided = asyncio.Event()
+
+        def decide(name: str) -> str:
+            order.append(f"{name} decided")
+            if name == "b":
+                loop.call_soon_threadsafe(b_decided.set)
+            return name
+
+        def carry_out(name: str, urgency: int) -> PassResult:
+            if name == "a":
+                assert writes_done.wait(timeout=10), "a's writes were never released"
+            order.append(f"{name} carried out")
+            return PassResult()
+
+        a = asyncio.create_task(controller.serve(("n", "a"), lambda: "a", decide, carry_out))
+        await until(lambda: order == ["a decided"], "a's decision")
+        b = asyncio.create_task(controller.serve(("n", "b"), lambda: "b", decide, carry_out))
+        await asyncio.wait_for(b_decided.wait(), timeout=10)  # while a still waits
+        writes_done.set()
+        await until(lambda: len(order) == 4, "both passes carried out")
+        for daemon in (a, b):
+            daemon.cancel()
+        await asyncio.gather(a, b, return_exceptions=True)
+        controller.stop()
+        return order
+
+    order = asyncio.run(scenario())
+    assert order.index("b decided") < order.index("a carried out")
+
+
+def test_a_deleted_service_is_not_written_for_and_a_new_one_of_its_name_takes_over() -> None:
+    async def scenario() -> tuple[list[str], list[tuple[tuple[str, str], str]]]:
+        controller = Controller(workers=2)
+        controller.start()
+        gone: list[tuple[tuple[str, str], str]] = []
+        controller.on_gone = lambda key, uid: gone.append((key, uid))
+        loop = asyncio.get_running_loop()
+        key = ("n", "llama")
+        carried: list[str] = []
+        decided = threading.Event()
+        deletion_seen = threading.Event()
+
+        def decide(uid: str) -> str:
+            if uid == "u1":  # the first incarnation's pass: deleted while it decides
+                loop.call_soon_threadsafe(decided.set)
+                assert deletion_seen.wait(timeout=10)
+            return uid
+
+        def carry_out(uid: str, urgency: int) -> PassResult:
+            carried.append(uid)
+            return PassResult()
+
+        first = asyncio.create_task(controller.serve(key, lambda: "u1", decide, carry_out, "u1"))
+        await until(decided.is_set, "u1's pass to decide")
+        controller.deleted(key, "u1")
+        deletion_seen.set()
+        await asyncio.wait_for(first, timeout=10)  # its loop ends by itself
+        second = asyncio.create_task(controller.serve(key, lambda: "u2", decide, carry_out, "u2"))
+        await until(lambda: carried == ["u2"], "the new incarnation's first pass")
+        controller.deleted(key, "u1")  # a late event of the old one changes nothing
+        controller.notify(key)
+        await until(lambda: carried == ["u2", "u2"], "u2 woken by a change")
+        second.cancel()
+        await asyncio.gather(second, return_exceptions=True)
+        controller.stop()
+        return carried, gone
+
+    carried, gone = asyncio.run(scenario())
+    assert carried == ["u2", "u2"]  # u1's plan, decided before the deletion, never written
+    assert gone == [(("n", "llama"), "u1")]  # cancelled (a paused replica) is not gone
+
+
+def test_kvq_puts_no_finalizer_on_the_services_it_serves() -> None:
+    from kvq.handlers.operator import DAEMON_ID, build_registry
+
+    registry = build_registry()
+    daemons = [h for h in registry._spawning.get_all_handlers() if h.id == DAEMON_ID]
+    assert len(daemons) == 1
+    assert daemons[0].requires_finalizer is False

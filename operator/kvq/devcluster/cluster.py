@@ -35,9 +35,8 @@ from kvq.devcluster.waits import WaitTimeoutError, wait_until
 
 PORT_NAMES = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"]
 STATE_FILE = "state.json"
-# Pod and node IPs KWOK writes into status. Loopback on purpose: anything that ever dials
-# them (kubectl logs, a metrics scrape) stays on this machine.
-POD_CIDR = "127.10.0.0/16"
+# The node IP KWOK writes into status (pod IPs come from the profile). Loopback on purpose:
+# anything that ever dials it (kubectl logs, a metrics scrape) stays on this machine.
 NODE_IP = "127.0.0.1"
 NODE_CREATE_WORKERS = 8
 HPA_SYNC_PERIOD = "2s"
@@ -157,7 +156,8 @@ def up(
         reached("kube-apiserver ready")
         launch("kube-controller-manager", _controller_manager_args(bins, ports, pki, configs))
         launch("kube-scheduler", _scheduler_args(bins, ports, pki, configs))
-        launch("kwok", _kwok_args(bins, ports, configs, _write_kwok_config(root)))
+        kwok_config = _write_kwok_config(root)
+        launch("kwok", _kwok_args(bins, ports, configs, kwok_config, chosen.pod_cidr))
         manifests = node_manifests(chosen)
         _create_nodes(rest, manifests, logs / "kube-apiserver.log")
         _wait_ready(rest, len(manifests), remaining(), state, reached)
@@ -372,7 +372,11 @@ def _scheduler_args(
 
 
 def _kwok_args(
-    bins: Binaries, ports: dict[str, int], configs: dict[str, Path], kwok_config: Path
+    bins: Binaries,
+    ports: dict[str, int],
+    configs: dict[str, Path],
+    kwok_config: Path,
+    pod_cidr: str,
 ) -> list[str]:
     annotation = "=".join(KWOK_NODE_ANNOTATION)
     return [
@@ -384,7 +388,7 @@ def _kwok_args(
         f"--server-address=127.0.0.1:{ports['kwok']}",
         f"--node-ip={NODE_IP}",
         f"--node-port={ports['kwok']}",
-        f"--cidr={POD_CIDR}",
+        f"--cidr={pod_cidr}",
         # KWOK renews each node's Lease every quarter of this. A kubelet's 40 s (a renewal
         # every 10 s) costs 50 writes/s at 500 nodes, most of what an idle fleet's API server
         # does; 120 s costs a third. The controller manager's grace period follows it.

@@ -32,11 +32,20 @@ class Pool(BaseModel):
     taints: list[Taint] = []
 
 
+# KWOK's pod IPs by default: loopback, so a test can bind a real server to a pod's IP and
+# anything that dials one stays on this machine (tests/infra/servers.py).
+LOOPBACK_POD_CIDR = "127.10.0.0/16"
+
+
 class Profile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     name: str
     description: str = ""
     pools: list[Pool] = Field(min_length=1)
+    pod_cidr: str = Field(default=LOOPBACK_POD_CIDR, alias="podCIDR")
+    """Where KWOK takes pod IPs. The API server refuses loopback EndpointSlice addresses, so
+    with the default every Service's slice controller retries (and posts a Warning) until it
+    gives up; a profile whose pods nobody dials can take routable-looking ones instead."""
 
 
 def profiles_dir() -> Path:

@@ -6,10 +6,12 @@ signal, then runs one reconcile in a worker thread. Signals come from watch even
 InferenceService itself, its pods and owned objects, and nodes or GPU pods that change a
 pool the service runs on or waits for. A slow resync (minutes) is the safety net; a
 decision that depends on time (a grace period, a back-off, metrics) asks for its own next
-pass. At most `workers` reconciles run at once: a crashed engine first, then a new service
-or a spec change, then in arrival order (kvq.handlers.slots); a failing service backs off
-alone, so one broken service cannot starve the rest. A status-only change of an
-InferenceService (kvq's own write) wakes nobody.
+pass. A pass decides, then carries its plan out; at most `workers` decide at once and
+CARRIERS carry out, each stage admitting a crashed engine first, then a new service or a
+spec change, then in arrival order (kvq.handlers.slots), so new decisions never wait for
+other passes' writes. A failing service backs off alone, so one broken service cannot
+starve the rest. A status-only change of an InferenceService (kvq's own write) wakes
+nobody.
 """
 
 from __future__ import annotations
@@ -32,9 +34,13 @@ from kvq.placement.discovery import GpuPod, gpu_pod, node_fingerprint
 
 log = logging.getLogger("kvq.controller")
 T = TypeVar("T")
+D = TypeVar("D")
 
 DEFAULT_RESYNC = timedelta(minutes=10)
 DEFAULT_WORKERS = 16
+# Passes carrying out their plans at once. They wait on the executor's writers (which
+# bound kvq's requests in flight), so this only bounds how many plans are held at once.
+CARRIERS = 64
 # A stale view (409) is redone soon: the watch has the newer object by then.
 CONFLICT_RETRY_SECONDS = 0.5
 # Unexpected errors back off per service: 1 s, 2 s, 4 s, ... at most 5 min.
@@ -78,17 +84,31 @@ class Controller:
     _priority: dict[EngineKey, Priority] = field(default_factory=dict)
     """The most urgent reason each waiting service has for its next pass."""
     _seen: dict[EngineKey, tuple[Any, ...]] = field(default_factory=dict)
+    _incarnations: dict[EngineKey, str] = field(default_factory=dict)
+    """The uid each key's loop serves: a service deleted and created again under its name
+    is another object, and its old loop must not act for it."""
+    _gone: set[str] = field(default_factory=set)
+    """uids deleted from the cluster while their loop runs."""
+    on_gone: Callable[[EngineKey, str], None] | None = None
+    """Called once a deleted service's loop has ended (forget what was kept for it)."""
     _slots: Slots | None = None
+    """Admission to deciding: at most `workers` at once."""
+    _carrying: Slots | None = None
+    """Admission to carrying a plan out: at most CARRIERS at once."""
     _threads: ThreadPoolExecutor | None = None
+    _carriers: ThreadPoolExecutor | None = None
 
     def start(self) -> None:
         """Create the loop-bound parts (call from the operator's event loop)."""
         self._slots = Slots(self.workers)
+        self._carrying = Slots(CARRIERS)
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="kvq-reconcile")
+        self._carriers = ThreadPoolExecutor(CARRIERS, thread_name_prefix="kvq-carry")
 
     def stop(self) -> None:
-        if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._threads, self._carriers):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     # --- signals -------------------------------------------------------------------------
 
@@ -102,12 +122,25 @@ class Controller:
             # Its pass waits for a worker and reads the caches once admitted: it sees this
             # change too, now with the more urgent of the two priorities.
             return
+        if self._carrying is not None:
+            # A plan decided before this change: carried out first, then the next pass.
+            self._carrying.promote(key, priority)
         self._priority[key] = min(priority, self._priority.get(key, Priority.ROUTINE))
         signal.set()
 
     def notify_many(self, keys_: Iterable[EngineKey]) -> None:
         for key in keys_:
             self.notify(key)
+
+    def deleted(self, key: EngineKey, uid: str) -> None:
+        """The InferenceService is gone from the cluster: its loop ends without acting
+        again (nothing holds the object back: kvq puts no finalizer on it)."""
+        if self._incarnations.get(key) != uid:
+            return  # no loop serves it (or a newer incarnation already does)
+        self._gone.add(uid)
+        signal = self._signals.get(key)
+        if signal is not None:
+            signal.set()
 
     def isvc_changed(self, key: EngineKey, body: Mapping[str, Any]) -> None:
         """An InferenceService event: its spec, metadata or deletion, not its status (what
@@ -169,14 +202,23 @@ class Controller:
         self,
         key: EngineKey,
         observe: Callable[[], T],
-        reconcile: Callable[[T], PassResult],
+        decide: Callable[[T], D],
+        carry_out: Callable[[D, int], PassResult],
+        uid: str = "",
     ) -> None:
-        """Reconcile `key` whenever it is signalled, until cancelled (kopf stops the daemon).
+        """Reconcile `key` (the object `uid`) whenever it is signalled, until it is deleted
+        or the loop is cancelled (kopf stops the daemon when peering pauses this replica).
 
-        `observe` runs on the event loop (it copies the watch caches); `reconcile` runs on
-        a worker thread with what `observe` returned.
+        `observe` runs on the event loop (it copies the watch caches); `decide` runs on a
+        worker thread with what `observe` returned, then `carry_out` on another with the
+        decision and the pass's priority (its writes' urgency). Each stage admits passes by
+        priority; a pass of one service ends before its next begins.
         """
-        signal = self._signals.setdefault(key, asyncio.Event())
+        older = self._incarnations.get(key)
+        if older is not None and older != uid:
+            self.deleted(key, older)  # its loop ends; this one takes the key over
+        self._incarnations[key] = uid
+        signal = self._signals[key] = asyncio.Event()
         signal.set()  # the first pass at once, ahead of routine passes
         self._priority[key] = Priority.CHANGE
         self._changed_at.setdefault(key, time.monotonic())
@@ -188,9 +230,11 @@ class Controller:
                 timeout = timeout if timeout is not None else self.resync.total_seconds()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(signal.wait(), timeout=timeout)
+                if uid in self._gone:
+                    return
                 signal.clear()
                 priority = self._priority.pop(key, Priority.ROUTINE)
-                result = await self._run(key, priority, observe, reconcile)
+                result = await self._run(key, uid, priority, observe, decide, carry_out)
                 if result is None or result.conflict:
                     # The retry of a crash's or a change's pass keeps its place.
                     self._priority[key] = min(priority, self._priority.get(key, priority))
@@ -208,27 +252,38 @@ class Controller:
                 else:
                     wait = None
         finally:
-            self._forget(key)
+            if uid in self._gone:
+                self._gone.discard(uid)
+                if self.on_gone is not None:
+                    self.on_gone(key, uid)
+            if self._incarnations.get(key) == uid:
+                self._forget(key)
 
     async def _run(
         self,
         key: EngineKey,
+        uid: str,
         priority: Priority,
         observe: Callable[[], T],
-        reconcile: Callable[[T], PassResult],
+        decide: Callable[[T], D],
+        carry_out: Callable[[D, int], PassResult],
     ) -> PassResult | None:
-        assert self._slots is not None, "Controller.start() was not called"
-        async with self._slots.held(priority, key):
-            changed = self._changed_at.pop(key, None)
-            if changed is not None:
-                QUEUE_WAIT_SECONDS.observe(time.monotonic() - changed)
-            loop = asyncio.get_running_loop()
-            observed = observe()  # after admission: the freshest view
-            try:
-                return await loop.run_in_executor(self._threads, reconcile, observed)
-            except Exception:
-                log.exception("reconcile of %s/%s failed; retrying with a back-off", *key)
-                return None
+        assert self._slots is not None and self._carrying is not None, "start() not called"
+        loop = asyncio.get_running_loop()
+        try:
+            async with self._slots.held(priority, key):
+                changed = self._changed_at.pop(key, None)
+                if changed is not None:
+                    QUEUE_WAIT_SECONDS.observe(time.monotonic() - changed)
+                observed = observe()  # after admission: the freshest view
+                decided = await loop.run_in_executor(self._threads, decide, observed)
+            async with self._carrying.held(priority, key):
+                if uid in self._gone:
+                    return PassResult(gone=True)  # deleted meanwhile: nothing to write for it
+                return await loop.run_in_executor(self._carriers, carry_out, decided, int(priority))
+        except Exception:
+            log.exception("reconcile of %s/%s failed; retrying with a back-off", *key)
+            return None
 
     def _remember(self, key: EngineKey, result: PassResult) -> None:
         self._pools[key] = result.pool
@@ -242,6 +297,7 @@ class Controller:
                 watchers.discard(key)
 
     def _forget(self, key: EngineKey) -> None:
+        self._incarnations.pop(key, None)
         self._signals.pop(key, None)
         self._changed_at.pop(key, None)
         self._pools.pop(key, None)

@@ -7,6 +7,7 @@ InferenceService's daemon reconciles (handlers.controller).
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
 import secrets
@@ -14,6 +15,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any, cast
 
 import kopf
@@ -31,10 +33,9 @@ from kvq.handlers.controller import (
     DEFAULT_RESYNC,
     DEFAULT_WORKERS,
     Controller,
-    PassResult,
     owner_of,
 )
-from kvq.handlers.reconcile import Observed, Runtime, reconcile
+from kvq.handlers.reconcile import Observed, Runtime, carry_out, decide_pass
 from kvq.handlers.slots import Priority
 from kvq.k8s.clients import Clients, load_api_client
 from kvq.metrics import serve_metrics
@@ -47,6 +48,7 @@ DEFAULT_METRICS_INTERVAL = 60.0
 # kopf stops a daemon by cancelling it; a reconcile in a worker thread finishes on its own.
 DAEMON_CANCELLATION_TIMEOUT = 5.0
 DEFAULT_PEERING_LIFETIME = 60
+DAEMON_ID = "reconcile"
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
         clients=clients,
         metrics_reader=_metrics_reader(options, config),
     )
+    controller.on_gone = memo.runtime.forget
 
 
 def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -181,17 +184,28 @@ async def serve_inference_service(
             reservations=list(kwargs[indices.RESERVATION_INDEX].get(indices.GPU_PODS_KEY, ())),
         )
 
-    await controller.serve(key, observe, lambda observed: _reconcile(runtime, observed))
-
-
-def _reconcile(runtime: Runtime, observed: Observed) -> PassResult:
-    return reconcile(runtime, observed).passed
+    await controller.serve(
+        key,
+        observe,
+        partial(decide_pass, runtime),
+        lambda decided, urgency: carry_out(runtime, decided, urgency).passed,
+        uid=str(body["metadata"]["uid"]),
+    )
 
 
 def on_inference_service_event(
-    namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+    namespace: str,
+    name: str,
+    uid: str,
+    body: kopf.Body,
+    type: str | None,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
-    memo.controller.isvc_changed((namespace, name), body)
+    if type == "DELETED":
+        memo.controller.deleted((namespace, name), uid)
+    else:
+        memo.controller.isvc_changed((namespace, name), body)
 
 
 def on_owned_event(
@@ -254,11 +268,27 @@ def build_registry() -> kopf.OperatorRegistry:
         GROUP,
         VERSION,
         PLURAL,
-        id="reconcile",
+        id=DAEMON_ID,
         cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT,
         registry=registry,
     )(_handler(serve_inference_service))
+    _without_finalizer(registry, DAEMON_ID)
     return cast(kopf.OperatorRegistry, registry)
+
+
+def _without_finalizer(registry: Any, handler_id: str) -> None:
+    """kopf puts a finalizer on every object a daemon serves, so that it can stop the daemon
+    before the object goes. kvq's loop ends on the deletion event itself (`deleted`), and
+    its objects go by their ownerReferences: the finalizer only cost two writes per service
+    (a patch when it appears, another when it is deleted), a decision redone on the 409 the
+    first patch caused, and a deletion that waited for a running operator. kopf has no
+    option for it, so the registered daemon is replaced by the same one without; kopf then
+    also removes the finalizer that earlier versions of kvq left on objects."""
+    spawning = registry._spawning
+    spawning._handlers = [
+        dataclasses.replace(h, requires_finalizer=False) if h.id == handler_id else h
+        for h in spawning._handlers
+    ]
 
 
 def _handler(fn: Any) -> Any:

@@ -1,7 +1,9 @@
 """The one reconcile: read (watch caches) -> decide (pure) -> execute (k8s). Same every time.
 
-Runs in a worker thread; everything it reads was copied out of kopf's indices on the event
-loop before it started (`Observed`), so nothing changes under it.
+Two stages, each run in a worker thread: `decide_pass` (CPU: the decision, from what was
+copied out of kopf's indices on the event loop before it started, `Observed`, so nothing
+changes under it) and `carry_out` (I/O: the plan's writes). The controller admits them
+separately, so new decisions are not held up by other passes waiting on the API server.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ class Runtime:
     promises: Promises = field(default_factory=Promises)
     _served: dict[tuple[str, str], tuple[float, bool]] = field(default_factory=dict)
 
+    def forget(self, key: tuple[str, str], uid: str) -> None:
+        """What was kept for a deleted InferenceService: its promised GPUs, what the server
+        holds of its objects and status."""
+        self.promises.forget(key)
+        self.memory.same.forget(*key)
+        self.memory.forms.forget(uid)
+
     def serves(self, api_version: str, kind: str) -> bool:
         """Is an optional API served (KEDA, the Gateway API)? A "no" is asked again after a
         while (it may be installed after kvq), a "yes" is kept."""
@@ -86,37 +95,81 @@ class Outcome:
     passed: PassResult
 
 
+@dataclass(frozen=True)
+class Decided:
+    """A pass between its two stages: what to carry out, decided from one view."""
+
+    raw: dict[str, Any]
+    """The InferenceService the decision read."""
+    now: datetime
+    plan: Plan | None = None
+    owned: Sequence[Mapping[str, Any]] = ()
+    invalid: InvalidInferenceServiceError | None = None
+    """The spec is invalid: its status says so, nothing else is done."""
+    done: Outcome | None = None
+    """Nothing to carry out (the service is being deleted)."""
+
+
 def reconcile(runtime: Runtime, observed: Observed, now: datetime | None = None) -> Outcome:
-    """Converge one InferenceService once."""
+    """Converge one InferenceService once: decide, then carry the plan out."""
+    return carry_out(runtime, decide_pass(runtime, observed, now))
+
+
+def decide_pass(runtime: Runtime, observed: Observed, now: datetime | None = None) -> Decided:
+    """The first stage of a pass: the plan, from the watch caches (no write, and no read
+    but a crashed engine's log tail when its termination message says too little)."""
     now = now or datetime.now(UTC)
     raw = dict(observed.body)
     if raw["metadata"].get("deletionTimestamp"):
         runtime.promises.forget((raw["metadata"].get("namespace", ""), raw["metadata"]["name"]))
         RECONCILES.labels(result="deleting").inc()
-        return Outcome(None, None, PassResult(gone=True))
+        return Decided(raw, now, done=Outcome(None, None, PassResult(gone=True)))
     try:
-        plan, result = _reconcile_valid(runtime, raw, observed, now)
+        plan, owned = _decide_valid(runtime, raw, observed, now)
+    except InvalidInferenceServiceError as invalid:
+        return Decided(raw, now, invalid=invalid)
+    except Exception:
+        _count_error()
+        raise
+    return Decided(raw, now, plan=plan, owned=owned)
+
+
+def carry_out(runtime: Runtime, decided: Decided, urgency: int = 0) -> Outcome:
+    """The second stage: the plan's writes (`urgency` orders them among other passes'
+    writes: lower first)."""
+    if decided.done is not None:
+        return decided.done
+    raw, now = decided.raw, decided.now
+    try:
+        if decided.invalid is not None:
+            _report_invalid(runtime, raw, decided.invalid, now)
+            RECONCILES.labels(result="invalid").inc()
+            return Outcome(None, None, PassResult())
+        assert decided.plan is not None
+        result = execute(
+            runtime.clients, decided.plan, raw, decided.owned, runtime.memory, now, urgency
+        )
     except ObjectGoneError:
         RECONCILES.labels(result="deleting").inc()
         return Outcome(None, None, PassResult(gone=True))
-    except InvalidInferenceServiceError as invalid:
-        _report_invalid(runtime, raw, invalid, now)
-        RECONCILES.labels(result="invalid").inc()
-        return Outcome(None, None, PassResult())
     except StatusConflictError:
         RECONCILES.labels(result="conflict").inc()
         return Outcome(None, None, PassResult(conflict=True))
     except Exception:
-        RECONCILES.labels(result="error").inc()
-        RECONCILE_ERRORS.inc()
+        _count_error()
         raise
     RECONCILES.labels(result="ok").inc()
-    return Outcome(plan, result, _pass_result(runtime, plan))
+    return Outcome(decided.plan, result, _pass_result(runtime, decided.plan))
 
 
-def _reconcile_valid(
+def _count_error() -> None:
+    RECONCILES.labels(result="error").inc()
+    RECONCILE_ERRORS.inc()
+
+
+def _decide_valid(
     runtime: Runtime, raw: dict[str, Any], observed: Observed, now: datetime
-) -> tuple[Plan, ExecutionResult]:
+) -> tuple[Plan, list[Mapping[str, Any]]]:
     isvc = parse_inference_service(raw)
     uid = raw["metadata"]["uid"]
     owned = [obj for obj in observed.owned if _controlled_by(obj, uid)]
@@ -157,7 +210,7 @@ def _reconcile_valid(
             runtime.config,
         )
         plan = runtime.promises.decide(owner, replace(snapshot, log_tails=tails), _timed_decide)
-    return plan, execute(runtime.clients, plan, raw, owned, runtime.memory, now)
+    return plan, owned
 
 
 def _needs_keda(isvc: InferenceService) -> bool:
@@ -226,4 +279,4 @@ def _report_invalid(
         post_event(runtime.clients, raw, EventSpec("Warning", INVALID_REASON, message), now)
 
 
-__all__ = ["Observed", "Outcome", "Runtime", "reconcile"]
+__all__ = ["Decided", "Observed", "Outcome", "Runtime", "carry_out", "decide_pass", "reconcile"]
