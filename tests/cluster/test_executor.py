@@ -6,6 +6,7 @@ runs the whole reconcile() without kopf to see a stale read become a retry.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -183,7 +184,7 @@ def run(
     memory: Memory | None = None,
 ) -> ExecutionResult:
     namespace = isvc["metadata"]["namespace"]
-    return execute(clients, plan, isvc, live(kube, namespace), memory or Memory(), NOW)
+    return asyncio.run(execute(clients, plan, isvc, live(kube, namespace), memory or Memory(), NOW))
 
 
 def test_apply_creates_the_objects_owned_by_the_inference_service(

@@ -368,7 +368,7 @@ def test_a_pass_retried_after_a_conflict_keeps_its_priority() -> None:
         done = asyncio.Event()
         results = iter([PassResult(conflict=True), PassResult()])
 
-        def carry_out(_: None, urgency: int) -> PassResult:
+        async def carry_out(_: None, urgency: int) -> PassResult:
             result = next(results)
             if not result.conflict:
                 loop.call_soon_threadsafe(done.set)
@@ -452,9 +452,9 @@ def test_a_new_service_is_decided_while_another_pass_waits_on_its_writes() -> No
                 loop.call_soon_threadsafe(b_decided.set)
             return name
 
-        def carry_out(name: str, urgency: int) -> PassResult:
+        async def carry_out(name: str, urgency: int) -> PassResult:
             if name == "a":
-                assert writes_done.wait(timeout=10), "a's writes were never released"
+                await asyncio.wait_for(asyncio.to_thread(writes_done.wait), timeout=10)
             order.append(f"{name} carried out")
             return PassResult()
 
@@ -492,7 +492,7 @@ def test_a_deleted_service_is_not_written_for_and_a_new_one_of_its_name_takes_ov
                 assert deletion_seen.wait(timeout=10)
             return uid
 
-        def carry_out(uid: str, urgency: int) -> PassResult:
+        async def carry_out(uid: str, urgency: int) -> PassResult:
             carried.append(uid)
             return PassResult()
 
@@ -523,3 +523,21 @@ def test_kvq_puts_no_finalizer_on_the_services_it_serves() -> None:
     daemons = [h for h in registry._spawning.get_all_handlers() if h.id == DAEMON_ID]
     assert len(daemons) == 1
     assert daemons[0].requires_finalizer is False
+
+
+def test_every_watch_handler_runs_on_kopfs_event_loop() -> None:
+    from kopf._core.actions.invocation import is_async_fn
+
+    from kvq.handlers.operator import build_registry
+
+    registry = build_registry()
+    handlers = [
+        *registry._indexing.get_all_handlers(),
+        *registry._watching.get_all_handlers(),
+        *registry._spawning.get_all_handlers(),
+    ]
+    assert len(handlers) >= 10
+    # A plain function would run in kopf's thread pool: a hop per event, and the
+    # controller's asyncio objects touched from another thread.
+    assert [h.id for h in handlers if not is_async_fn(h.fn)] == []
+    assert len({(h.id, h.selector) for h in handlers}) == len(handlers)  # names kept apart

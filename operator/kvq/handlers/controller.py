@@ -6,10 +6,11 @@ signal, then runs one reconcile in a worker thread. Signals come from watch even
 InferenceService itself, its pods and owned objects, and nodes or GPU pods that change a
 pool the service runs on or waits for. A slow resync (minutes) is the safety net; a
 decision that depends on time (a grace period, a back-off, metrics) asks for its own next
-pass. A pass decides, then carries its plan out; at most `workers` decide at once and
-CARRIERS carry out, each stage admitting a crashed engine first, then a new service or a
-spec change, then in arrival order (kvq.handlers.slots), so new decisions never wait for
-other passes' writes. A failing service backs off alone, so one broken service cannot
+pass. A pass decides, then carries its plan out: at most `workers` decide at once,
+admitted by priority (a crashed engine first, then a new service or a spec change, then in
+arrival order: kvq.handlers.slots), and the plans' writes are sent by the executor's
+writers in the same order of urgency, so new decisions never wait for other passes'
+writes. A failing service backs off alone, so one broken service cannot
 starve the rest. A status-only change of an InferenceService (kvq's own write) wakes
 nobody.
 """
@@ -20,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -38,9 +39,7 @@ D = TypeVar("D")
 
 DEFAULT_RESYNC = timedelta(minutes=10)
 DEFAULT_WORKERS = 16
-# Passes carrying out their plans at once. They wait on the executor's writers (which
-# bound kvq's requests in flight), so this only bounds how many plans are held at once.
-CARRIERS = 64
+
 # A stale view (409) is redone soon: the watch has the newer object by then.
 CONFLICT_RETRY_SECONDS = 0.5
 # Unexpected errors back off per service: 1 s, 2 s, 4 s, ... at most 5 min.
@@ -93,22 +92,18 @@ class Controller:
     """Called once a deleted service's loop has ended (forget what was kept for it)."""
     _slots: Slots | None = None
     """Admission to deciding: at most `workers` at once."""
-    _carrying: Slots | None = None
-    """Admission to carrying a plan out: at most CARRIERS at once."""
     _threads: ThreadPoolExecutor | None = None
-    _carriers: ThreadPoolExecutor | None = None
+    promote_writes: Callable[[EngineKey, int], None] | None = None
+    """Moves a service's writes already waiting for a writer up to an urgency."""
 
     def start(self) -> None:
         """Create the loop-bound parts (call from the operator's event loop)."""
         self._slots = Slots(self.workers)
-        self._carrying = Slots(CARRIERS)
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="kvq-reconcile")
-        self._carriers = ThreadPoolExecutor(CARRIERS, thread_name_prefix="kvq-carry")
 
     def stop(self) -> None:
-        for pool in (self._threads, self._carriers):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
 
     # --- signals -------------------------------------------------------------------------
 
@@ -122,9 +117,9 @@ class Controller:
             # Its pass waits for a worker and reads the caches once admitted: it sees this
             # change too, now with the more urgent of the two priorities.
             return
-        if self._carrying is not None:
+        if self.promote_writes is not None:
             # A plan decided before this change: carried out first, then the next pass.
-            self._carrying.promote(key, priority)
+            self.promote_writes(key, int(priority))
         self._priority[key] = min(priority, self._priority.get(key, Priority.ROUTINE))
         signal.set()
 
@@ -203,16 +198,16 @@ class Controller:
         key: EngineKey,
         observe: Callable[[], T],
         decide: Callable[[T], D],
-        carry_out: Callable[[D, int], PassResult],
+        carry_out: Callable[[D, int], Awaitable[PassResult]],
         uid: str = "",
     ) -> None:
         """Reconcile `key` (the object `uid`) whenever it is signalled, until it is deleted
         or the loop is cancelled (kopf stops the daemon when peering pauses this replica).
 
         `observe` runs on the event loop (it copies the watch caches); `decide` runs on a
-        worker thread with what `observe` returned, then `carry_out` on another with the
-        decision and the pass's priority (its writes' urgency). Each stage admits passes by
-        priority; a pass of one service ends before its next begins.
+        worker thread with what `observe` returned, then `carry_out` is awaited with the
+        decision and the pass's priority (its writes' urgency: the writers take the most
+        urgent first). A pass of one service ends before its next begins.
         """
         older = self._incarnations.get(key)
         if older is not None and older != uid:
@@ -266,9 +261,9 @@ class Controller:
         priority: Priority,
         observe: Callable[[], T],
         decide: Callable[[T], D],
-        carry_out: Callable[[D, int], PassResult],
+        carry_out: Callable[[D, int], Awaitable[PassResult]],
     ) -> PassResult | None:
-        assert self._slots is not None and self._carrying is not None, "start() not called"
+        assert self._slots is not None, "Controller.start() was not called"
         loop = asyncio.get_running_loop()
         try:
             async with self._slots.held(priority, key):
@@ -277,10 +272,9 @@ class Controller:
                     QUEUE_WAIT_SECONDS.observe(time.monotonic() - changed)
                 observed = observe()  # after admission: the freshest view
                 decided = await loop.run_in_executor(self._threads, decide, observed)
-            async with self._carrying.held(priority, key):
-                if uid in self._gone:
-                    return PassResult(gone=True)  # deleted meanwhile: nothing to write for it
-                return await loop.run_in_executor(self._carriers, carry_out, decided, int(priority))
+            if uid in self._gone:
+                return PassResult(gone=True)  # deleted meanwhile: nothing to write for it
+            return await carry_out(decided, int(priority))
         except Exception:
             log.exception("reconcile of %s/%s failed; retrying with a back-off", *key)
             return None

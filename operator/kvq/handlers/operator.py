@@ -12,7 +12,7 @@ import faulthandler
 import logging
 import secrets
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -33,11 +33,13 @@ from kvq.handlers.controller import (
     DEFAULT_RESYNC,
     DEFAULT_WORKERS,
     Controller,
+    PassResult,
     owner_of,
 )
-from kvq.handlers.reconcile import Observed, Runtime, carry_out, decide_pass
+from kvq.handlers.reconcile import Decided, Observed, Runtime, carry_out, decide_pass
 from kvq.handlers.slots import Priority
 from kvq.k8s.clients import Clients, load_api_client
+from kvq.k8s.executor import WRITES
 from kvq.metrics import serve_metrics
 from kvq.observe.prometheus import PrometheusReader, min_query_gap, without_credentials
 from kvq.placement.discovery import DEFAULT_POOL_LABELS
@@ -138,6 +140,7 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
         metrics_reader=_metrics_reader(options, config),
     )
     controller.on_gone = memo.runtime.forget
+    controller.promote_writes = WRITES.promote
 
 
 def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -188,9 +191,13 @@ async def serve_inference_service(
         key,
         observe,
         partial(decide_pass, runtime),
-        lambda decided, urgency: carry_out(runtime, decided, urgency).passed,
+        partial(_carry_out, runtime),
         uid=str(body["metadata"]["uid"]),
     )
+
+
+async def _carry_out(runtime: Runtime, decided: Decided, urgency: int) -> PassResult:
+    return (await carry_out(runtime, decided, urgency)).passed
 
 
 def on_inference_service_event(
@@ -246,24 +253,24 @@ def build_registry() -> kopf.OperatorRegistry:
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(_handler(on_startup))
     kopf.on.cleanup(registry=registry)(_handler(on_cleanup))
-    kopf.index("v1", "nodes", id=indices.NODE_INDEX, registry=registry)(_handler(indices.kvq_nodes))
-    kopf.on.event("v1", "nodes", registry=registry)(_handler(on_node_event))
+    kopf.index("v1", "nodes", id=indices.NODE_INDEX, registry=registry)(_on_loop(indices.kvq_nodes))
+    kopf.on.event("v1", "nodes", registry=registry)(_on_loop(on_node_event))
     managed = indices.MANAGED_BY_KVQ
-    by_owner = _handler(indices.by_inference_service)
+    by_owner = _on_loop(indices.by_inference_service)
     kopf.index("v1", "pods", labels=managed, id=indices.POD_INDEX, registry=registry)(by_owner)
     # Every pod's GPUs (whoever runs it): what makes a pool full.
     kopf.index("v1", "pods", id=indices.GPU_POD_INDEX, registry=registry)(
-        _handler(indices.gpu_pods)
+        _on_loop(indices.gpu_pods)
     )
-    kopf.on.event("v1", "pods", registry=registry)(_handler(on_pod_event))
+    kopf.on.event("v1", "pods", registry=registry)(_on_loop(on_pod_event))
     # kvq's Deployments' GPUs on their pools, bound or not yet: what a pool has promised.
     kopf.index("apps/v1", "deployments", labels=managed, id=indices.RESERVATION_INDEX,
-               registry=registry)(_handler(indices.reservations))  # fmt: skip
+               registry=registry)(_on_loop(indices.reservations))  # fmt: skip
     for index_id, (group, version, plural) in indices.OWNED_INDICES.items():
         api = f"{group}/{version}" if group else version
         kopf.index(api, plural, labels=managed, id=index_id, registry=registry)(by_owner)
-        kopf.on.event(api, plural, labels=managed, registry=registry)(_handler(on_owned_event))
-    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(_handler(on_inference_service_event))
+        kopf.on.event(api, plural, labels=managed, registry=registry)(_on_loop(on_owned_event))
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(_on_loop(on_inference_service_event))
     kopf.daemon(
         GROUP,
         VERSION,
@@ -293,6 +300,21 @@ def _without_finalizer(registry: Any, handler_id: str) -> None:
 
 def _handler(fn: Any) -> Any:
     return fn
+
+
+def _on_loop(fn: Callable[..., Any]) -> Any:
+    """`fn` as a coroutine function, so kopf calls it on its event loop. kopf runs a plain
+    function in a thread pool: a thread hop per watch event (about a quarter of kopf's time
+    in a fleet's rollout) and the controller's asyncio objects touched from another thread.
+    kvq's index and event handlers only read the event and signal, so they run inline."""
+
+    async def on_loop(**kwargs: Any) -> Any:
+        return fn(**kwargs)
+
+    # kopf names a handler after its function (and unwraps `__wrapped__` to tell a
+    # coroutine function, so functools.wraps would send it to the thread pool again).
+    on_loop.__name__, on_loop.__qualname__ = fn.__name__, fn.__qualname__
+    return on_loop
 
 
 def run(options: RunOptions) -> None:

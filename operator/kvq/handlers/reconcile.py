@@ -8,6 +8,7 @@ separately, so new decisions are not held up by other passes waiting on the API 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -111,8 +112,9 @@ class Decided:
 
 
 def reconcile(runtime: Runtime, observed: Observed, now: datetime | None = None) -> Outcome:
-    """Converge one InferenceService once: decide, then carry the plan out."""
-    return carry_out(runtime, decide_pass(runtime, observed, now))
+    """Converge one InferenceService once: decide, then carry the plan out (outside an
+    event loop: the operator runs the two stages itself)."""
+    return asyncio.run(carry_out(runtime, decide_pass(runtime, observed, now)))
 
 
 def decide_pass(runtime: Runtime, observed: Observed, now: datetime | None = None) -> Decided:
@@ -134,20 +136,21 @@ def decide_pass(runtime: Runtime, observed: Observed, now: datetime | None = Non
     return Decided(raw, now, plan=plan, owned=owned)
 
 
-def carry_out(runtime: Runtime, decided: Decided, urgency: int = 0) -> Outcome:
-    """The second stage: the plan's writes (`urgency` orders them among other passes'
-    writes: lower first)."""
+async def carry_out(runtime: Runtime, decided: Decided, urgency: int = 0) -> Outcome:
+    """The second stage: the plan's writes, on the executor's writers (`urgency` orders
+    them among other passes' writes: lower first)."""
     if decided.done is not None:
         return decided.done
     raw, now = decided.raw, decided.now
+    key = (raw["metadata"].get("namespace", ""), raw["metadata"]["name"])
     try:
         if decided.invalid is not None:
-            _report_invalid(runtime, raw, decided.invalid, now)
+            await asyncio.to_thread(_report_invalid, runtime, raw, decided.invalid, now)
             RECONCILES.labels(result="invalid").inc()
             return Outcome(None, None, PassResult())
         assert decided.plan is not None
-        result = execute(
-            runtime.clients, decided.plan, raw, decided.owned, runtime.memory, now, urgency
+        result = await execute(
+            runtime.clients, decided.plan, raw, decided.owned, runtime.memory, now, urgency, key
         )
     except ObjectGoneError:
         RECONCILES.labels(result="deleting").inc()

@@ -12,11 +12,12 @@ a new service's Deployment do not wait behind a fleet's routine status updates.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,22 +42,47 @@ WRITERS = 32
 _DEPLOYMENT, _OBJECT, _STATUS, _EVENT = range(4)
 
 
+@dataclass(eq=False)
+class _Write:
+    work: Callable[[], Any]
+    done: Future[Any]
+    key: Hashable | None
+    urgency: int
+    kind: int
+
+
 class Writers:
-    """Threads that send API writes, the most urgent (lowest rank) first, then in order."""
+    """Threads that send API writes, the most urgent (lowest urgency, then kind) first,
+    then in the order they came. A waiting write can be moved up (`promote`)."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._queue: queue.PriorityQueue[tuple[tuple[int, int, int], Any]] = queue.PriorityQueue()
+        self._queue: queue.PriorityQueue[tuple[int, int, int, _Write]] = queue.PriorityQueue()
         self._order = itertools.count()
-        self._started = False
+        self._pending: dict[Hashable, set[_Write]] = {}
         self._lock = threading.Lock()
+        self._started = False
 
-    def submit(self, rank: tuple[int, int], work: Callable[[], R]) -> Future[R]:
+    def submit(
+        self, urgency: int, kind: int, work: Callable[[], R], key: Hashable | None = None
+    ) -> Future[R]:
         if not self._started:
             self._start()
-        done: Future[R] = Future()
-        self._queue.put(((*rank, next(self._order)), (work, done)))
-        return done
+        write = _Write(work, Future(), key, urgency, kind)
+        with self._lock:
+            if key is not None:
+                self._pending.setdefault(key, set()).add(write)
+            self._queue.put((urgency, kind, next(self._order), write))
+        return write.done
+
+    def promote(self, key: Hashable, urgency: int) -> None:
+        """`key`'s waiting writes go with `urgency` from now on, if that is more urgent.
+        (A second entry is queued; whichever is taken first runs, the other is skipped.)"""
+        with self._lock:
+            for write in self._pending.get(key, ()):
+                if urgency < write.urgency:
+                    write.urgency = urgency
+                    self._queue.put((urgency, write.kind, next(self._order), write))
 
     def _start(self) -> None:
         with self._lock:
@@ -69,25 +95,37 @@ class Writers:
 
     def _serve(self) -> None:
         while True:
-            _, (work, done) = self._queue.get()
-            if not done.set_running_or_notify_cancel():
-                continue
+            *_, write = self._queue.get()
+            with self._lock:
+                if write.done.running() or write.done.done():
+                    continue  # taken already by its other entry
+                write.done.set_running_or_notify_cancel()
+                if write.key is not None:
+                    waiting = self._pending.get(write.key)
+                    if waiting is not None:
+                        waiting.discard(write)
+                        if not waiting:
+                            del self._pending[write.key]
             try:
-                done.set_result(work())
+                write.done.set_result(write.work())
             except BaseException as error:  # handed to the waiting pass, which raises it
-                done.set_exception(error)
+                write.done.set_exception(error)
 
 
-_WRITERS = Writers(WRITERS)
+WRITES = Writers(WRITERS)
 
 
-def _each(
-    work: Callable[[T], R], items: Iterable[T], rank: Callable[[T], tuple[int, int]]
+async def _each(
+    work: Callable[[T], R],
+    items: Iterable[T],
+    kind: Callable[[T], int],
+    urgency: int,
+    key: Hashable | None,
 ) -> list[R]:
     """`work` on every item, side by side in the writers' order; results in order, the
     first error raised."""
-    futures = [_WRITERS.submit(rank(item), partial(work, item)) for item in items]
-    return [future.result() for future in futures]
+    futures = [WRITES.submit(urgency, kind(item), partial(work, item), key) for item in items]
+    return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
 
 @dataclass
@@ -113,7 +151,7 @@ class ExecutionResult:
         return len(self.applied) + len(self.deleted) + int(self.status_written) + self.events_posted
 
 
-def execute(
+async def execute(
     clients: Clients,
     plan: Plan,
     isvc: Mapping[str, Any],
@@ -121,10 +159,12 @@ def execute(
     memory: Memory,
     now: datetime,
     urgency: int = 0,
+    key: Hashable | None = None,
 ) -> ExecutionResult:
     """Make the cluster match `plan` for `isvc` (the body the plan read); `live` holds the
     objects it owns, as the watch cache has them. Its writes wait behind the writes of
-    passes with a lower `urgency`, never the other way round."""
+    passes with a lower `urgency`, never the other way round (`key` names the pass's
+    service, whose waiting writes `WRITES.promote` can move up)."""
     meta = isvc["metadata"]
     where = f"{meta['namespace']}/{meta['name']}"
     by_name = {(o["kind"], o["metadata"]["name"]): o for o in live}
@@ -132,17 +172,19 @@ def execute(
     unchanged: list[str] = []
     deleted: list[str] = []
 
-    def status() -> bool:
-        (written,) = _each(
+    async def status() -> bool:
+        (written,) = await _each(
             lambda _: write_status(clients, isvc, plan.status, memory.forms),
             [None],
-            lambda _: (urgency, _STATUS),
+            lambda _: _STATUS,
+            urgency,
+            key,
         )
         return written
 
-    status_written = plan.status_first and status()
+    status_written = plan.status_first and await status()
     if not plan.keep_live:
-        results = _each(
+        results = await _each(
             lambda manifest: apply_manifest(
                 clients,
                 manifest,
@@ -150,30 +192,37 @@ def execute(
                 memory.same,
             ),
             plan.apply,
-            lambda manifest: (
-                urgency,
-                _DEPLOYMENT if manifest["kind"] == "Deployment" else _OBJECT,
-            ),
+            lambda manifest: _DEPLOYMENT if manifest["kind"] == "Deployment" else _OBJECT,
+            urgency,
+            key,
         )
         for result in results:
             (applied if result.written else unchanged).append(f"{result.kind}/{result.name}")
-        for ref in plan.delete:
-            current = by_name.get((ref.kind, ref.name))
-            if current is not None and delete_object(clients, ref, current):
-                deleted.append(f"{ref.kind}/{ref.name}")
+        gone = [(ref, by_name.get((ref.kind, ref.name))) for ref in plan.delete]
+        removed = await _each(
+            lambda pair: pair[1] is not None and delete_object(clients, pair[0], pair[1]),
+            gone,
+            lambda _: _OBJECT,
+            urgency,
+            key,
+        )
+        pairs = zip(gone, removed, strict=True)
+        deleted += [f"{ref.kind}/{ref.name}" for (ref, _), yes in pairs if yes]
     # Names and reasons only: manifests may carry secret references, never log their bodies.
     for name in applied:
         log.info("%s: applied %s", where, name)
     for name in deleted:
         log.info("%s: deleted %s", where, name)
     if not plan.status_first:
-        status_written = status()
+        status_written = await status()
     if status_written:
         log.info("%s: status written", where)
-    _each(
+    await _each(
         lambda event: post_event(clients, isvc, event, now),
         plan.events,
-        lambda _: (urgency, _EVENT),
+        lambda _: _EVENT,
+        urgency,
+        key,
     )
     for event in plan.events:
         log.info("%s: event %s %s", where, event.type, event.reason)

@@ -212,6 +212,18 @@ def _judge(
 
 def _room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:
     """Replicas that fit now, and why not all of them do ("" when they do)."""
+    shape = (
+        request.owner,
+        request.gpus_per_replica,
+        request.replicas,
+        tuple((t.key, t.operator, t.value, t.effect) for t in request.tolerations),
+    )
+    if shape not in pool.rooms:
+        pool.rooms[shape] = _count_room(pool, request)
+    return pool.rooms[shape]
+
+
+def _count_room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:
     need = request.gpus_per_replica
     allowed: dict[frozenset[Taint], bool] = {}  # a pool's nodes share a few taint sets
     frees = []

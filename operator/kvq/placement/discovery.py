@@ -140,29 +140,34 @@ def _reserve(
     """Add the GPUs of replicas not bound yet to `usage`, first-fit on their pool's ready
     nodes."""
     pools = {pool.name: pool for pool in inventory.pools}
-    wanted: dict[tuple[OwnerKey, str], tuple[int, int]] = {}
+    wanted: dict[tuple[OwnerKey, str], list[int]] = {}  # [GPUs, the smallest replica's]
     for r in reservations:
-        if r.pool in pools and r.gpus_per_replica > 0 and r.replicas > 0:
-            gpus, step = wanted.get((r.owner, r.pool), (0, r.gpus_per_replica))
-            # Tiers of one service on one pool: their GPUs add up.
-            wanted[r.owner, r.pool] = (gpus + r.replicas * r.gpus_per_replica,
-                                       min(step, r.gpus_per_replica))  # fmt: skip
+        if r.replicas > 0 and r.gpus_per_replica > 0 and r.pool in pools:
+            entry = wanted.get((r.owner, r.pool))
+            if entry is None:
+                wanted[r.owner, r.pool] = [r.replicas * r.gpus_per_replica, r.gpus_per_replica]
+            else:  # tiers of one service on one pool: their GPUs add up
+                entry[0] += r.replicas * r.gpus_per_replica
+                entry[1] = min(entry[1], r.gpus_per_replica)
     if not wanted:
         return
-    pool_of = {node.name: pool.name for pool in inventory.pools for node in pool.nodes}
+    pool_of = _pool_of(inventory)
     bound: dict[tuple[OwnerKey | None, str], int] = {}
+    totals: dict[str, int] = {}
     for node_name, owners in usage.items():
-        if node_name in pool_of:
+        totals[node_name] = sum(owners.values())
+        pool = pool_of.get(node_name)
+        if pool is not None:
             for who, held in owners.items():
-                key = (who, pool_of[node_name])
-                bound[key] = bound.get(key, 0) + held
-    totals = {name: sum(owners.values()) for name, owners in usage.items()}
+                bound[who, pool] = bound.get((who, pool), 0) + held
     # First-fit resumes where the last replica of the same size stopped: room only shrinks
     # here, so nodes that were full for that size stay full (a fleet's reservations would
     # otherwise rescan the pool's full nodes once each).
     first_open: dict[tuple[str, int], int] = {}
     for (owner, name), (gpus, step) in wanted.items():
         outstanding = gpus - bound.get((owner, name), 0)
+        if outstanding < step:
+            continue  # bound already (the common case at rest)
         nodes = pools[name].nodes
         index = first_open.get((name, step), 0)
         open_at: int | None = None
@@ -180,6 +185,23 @@ def _reserve(
                 open_at = index
             index += 1
         first_open[name, step] = index if open_at is None else open_at
+
+
+_pools_of: dict[int, tuple[Inventory, dict[str, str]]] = {}
+
+
+def _pool_of(inventory: Inventory) -> dict[str, str]:
+    """Node name -> pool name, once per grouping (the entry keeps its inventory alive, so
+    the id is not reused while it is kept)."""
+    found = _pools_of.get(id(inventory))
+    if found is None or found[0] is not inventory:
+        if len(_pools_of) > 8:
+            _pools_of.clear()
+        found = _pools_of[id(inventory)] = (
+            inventory,
+            {node.name: pool.name for pool in inventory.pools for node in pool.nodes},
+        )
+    return found[1]
 
 
 def reservation(deployment: Mapping[str, Any]) -> Reservation | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -62,6 +62,10 @@ class NodePool:
     """Labels every node of the pool carries (matched against spec.placement.nodeSelector)."""
     group: str = ""
     """The pool label's value; differs from `name` when the pool mixes GPU products."""
+    rooms: dict[Hashable, tuple[int, str]] = field(default_factory=dict, compare=False, repr=False)
+    """Room already counted for a request shape (owner, replica size, replicas,
+    tolerations): every rung of a decision asks the same of each pool. The pool and its
+    nodes never change, so neither does the answer."""
 
     @property
     def node_count(self) -> int:
