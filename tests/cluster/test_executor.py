@@ -184,7 +184,12 @@ def run(
     memory: Memory | None = None,
 ) -> ExecutionResult:
     namespace = isvc["metadata"]["namespace"]
-    return asyncio.run(execute(clients, plan, isvc, live(kube, namespace), memory or Memory(), NOW))
+    result = asyncio.run(
+        execute(clients, plan, isvc, live(kube, namespace), memory or Memory(), NOW)
+    )
+    for posted in result.events:
+        posted.result(timeout=30)  # no pass waits for its Events; these tests read them
+    return result
 
 
 def test_apply_creates_the_objects_owned_by_the_inference_service(

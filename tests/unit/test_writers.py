@@ -52,3 +52,19 @@ def test_an_error_reaches_the_waiting_pass() -> None:
     future = writers.submit(1, 0, refused)
     error = future.exception(timeout=DEADLINE_S)
     assert isinstance(error, RuntimeError) and "409" in str(error)
+
+
+def test_a_promoted_pass_sends_its_later_writes_urgently_until_it_settles() -> None:
+    writers = Writers(1)
+    order: list[str] = []
+    gate = threading.Event()
+    busy = writers.submit(2, 0, lambda: gate.wait(DEADLINE_S))
+    writers.promote("a", 0)  # crashed while its pass ran: its next writes are urgent too
+    later = writers.submit(2, 1, lambda: order.append("a's status"), key="a")
+    other = writers.submit(1, 0, lambda: order.append("a new service's Deployment"))
+    writers.settle("a")
+    after = writers.submit(2, 1, lambda: order.append("a's next routine pass"), key="a")
+    gate.set()
+    for future in (busy, later, other, after):
+        future.result(timeout=DEADLINE_S)
+    assert order == ["a's status", "a new service's Deployment", "a's next routine pass"]

@@ -27,7 +27,7 @@ from kvq.handlers.controller import PassResult
 from kvq.handlers.promises import Promises
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
-from kvq.k8s.executor import ExecutionResult, Memory, execute
+from kvq.k8s.executor import WRITES, ExecutionResult, Memory, execute
 from kvq.k8s.logs import read_log_tails
 from kvq.k8s.status import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
@@ -114,7 +114,10 @@ class Decided:
 def reconcile(runtime: Runtime, observed: Observed, now: datetime | None = None) -> Outcome:
     """Converge one InferenceService once: decide, then carry the plan out (outside an
     event loop: the operator runs the two stages itself)."""
-    return asyncio.run(carry_out(runtime, decide_pass(runtime, observed, now)))
+    outcome = asyncio.run(carry_out(runtime, decide_pass(runtime, observed, now)))
+    for posted in outcome.result.events if outcome.result else ():
+        posted.result()  # the caller sees the Events it caused
+    return outcome
 
 
 def decide_pass(runtime: Runtime, observed: Observed, now: datetime | None = None) -> Decided:
@@ -149,9 +152,12 @@ async def carry_out(runtime: Runtime, decided: Decided, urgency: int = 0) -> Out
             RECONCILES.labels(result="invalid").inc()
             return Outcome(None, None, PassResult())
         assert decided.plan is not None
-        result = await execute(
-            runtime.clients, decided.plan, raw, decided.owned, runtime.memory, now, urgency, key
-        )
+        try:
+            result = await execute(
+                runtime.clients, decided.plan, raw, decided.owned, runtime.memory, now, urgency, key
+            )
+        finally:
+            WRITES.settle(key)
     except ObjectGoneError:
         RECONCILES.labels(result="deleting").inc()
         return Outcome(None, None, PassResult(gone=True))

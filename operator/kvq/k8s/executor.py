@@ -37,9 +37,10 @@ R = TypeVar("R")
 # Requests kvq has in flight at once: the API server serves them in its own order, so a
 # longer line would be queued there, where an urgent write cannot pass a routine one.
 WRITERS = 32
-# Within one urgency, what a person or a pod waits for first: the engine's Deployment
-# (it starts scheduling and pulling), then the other objects, then status, then Events.
-_DEPLOYMENT, _OBJECT, _STATUS, _EVENT = range(4)
+# Within one urgency, what a person or a pod waits for first: the engine's Deployment (it
+# starts scheduling and pulling), then the other objects and status in the order they
+# come, then Events (which no pass waits for).
+_DEPLOYMENT, _OBJECT, _STATUS, _EVENT = 0, 1, 1, 2
 
 
 @dataclass(eq=False)
@@ -60,6 +61,8 @@ class Writers:
         self._queue: queue.PriorityQueue[tuple[int, int, int, _Write]] = queue.PriorityQueue()
         self._order = itertools.count()
         self._pending: dict[Hashable, set[_Write]] = {}
+        self._floor: dict[Hashable, int] = {}
+        """The urgency a key's writes have been moved up to, for writes still to come."""
         self._lock = threading.Lock()
         self._started = False
 
@@ -68,21 +71,30 @@ class Writers:
     ) -> Future[R]:
         if not self._started:
             self._start()
-        write = _Write(work, Future(), key, urgency, kind)
         with self._lock:
+            if key is not None:
+                urgency = min(urgency, self._floor.get(key, urgency))
+            write = _Write(work, Future(), key, urgency, kind)
             if key is not None:
                 self._pending.setdefault(key, set()).add(write)
             self._queue.put((urgency, kind, next(self._order), write))
         return write.done
 
     def promote(self, key: Hashable, urgency: int) -> None:
-        """`key`'s waiting writes go with `urgency` from now on, if that is more urgent.
-        (A second entry is queued; whichever is taken first runs, the other is skipped.)"""
+        """`key`'s waiting writes, and those it sends until `settle`, go with `urgency`
+        if that is more urgent. (A moved write is queued a second time; whichever entry is
+        taken first runs, the other is skipped.)"""
         with self._lock:
+            self._floor[key] = min(urgency, self._floor.get(key, urgency))
             for write in self._pending.get(key, ()):
                 if urgency < write.urgency:
                     write.urgency = urgency
                     self._queue.put((urgency, write.kind, next(self._order), write))
+
+    def settle(self, key: Hashable) -> None:
+        """`key`'s pass is over: its next one sends with its own urgency."""
+        with self._lock:
+            self._floor.pop(key, None)
 
     def _start(self) -> None:
         with self._lock:
@@ -145,6 +157,9 @@ class ExecutionResult:
     deleted: tuple[str, ...]
     status_written: bool
     events_posted: int
+    """Events handed to the writers (last in their order: no pass waits for them)."""
+    events: tuple[Future[None], ...] = ()
+    """Their posting, for a caller that must see them land (a failure is logged)."""
 
     @property
     def writes(self) -> int:
@@ -217,19 +232,24 @@ async def execute(
         status_written = await status()
     if status_written:
         log.info("%s: status written", where)
-    await _each(
-        lambda event: post_event(clients, isvc, event, now),
-        plan.events,
-        lambda _: _EVENT,
-        urgency,
-        key,
+    posting = tuple(
+        WRITES.submit(urgency, _EVENT, partial(post_event, clients, isvc, event, now), key)
+        for event in plan.events
     )
-    for event in plan.events:
+    for event, future in zip(plan.events, posting, strict=True):
         log.info("%s: event %s %s", where, event.type, event.reason)
+        future.add_done_callback(partial(_report_event_failure, where, event.reason))
     return ExecutionResult(
         applied=tuple(applied),
         unchanged=tuple(unchanged),
         deleted=tuple(deleted),
         status_written=status_written,
         events_posted=len(plan.events),
+        events=posting,
     )
+
+
+def _report_event_failure(where: str, reason: str, future: Future[None]) -> None:
+    error = future.exception()
+    if error is not None:
+        log.warning("%s: event %s not posted: %s", where, reason, error)
