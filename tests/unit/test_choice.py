@@ -101,3 +101,24 @@ def test_no_gpu_nodes_says_so() -> None:
     empty = discover_pools([], load_gpu_catalog())
     choice = choose_pool(request(), empty, ENGINE, LLAMA.architecture)
     assert choice.why_none() == "no GPU node pool was found"
+
+
+def test_gpus_promised_to_other_services_are_not_room_but_ones_own_are() -> None:
+    from kvq.placement.discovery import Reservation
+
+    nodes = node_manifests(load_profile("hetero"))
+    for node in nodes:
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    other, me = ("team-a", "other"), ("team-a", "me")
+    promised = [Reservation(other, "gpu-h100", replicas=3, gpus_per_replica=2)]
+    found = discover_pools(nodes, load_gpu_catalog(), reservations=promised)
+    wanted = request(gpus_per_replica=2, replicas=2, allowed_pools=("gpu-h100",), owner=me)
+
+    mine = choose_pool(wanted, found, ENGINE, LLAMA.architecture).chosen
+    assert mine is not None and mine.slots == 1  # 8 GPUs, 6 promised: one replica of two
+    assert "room for 1 of 2 replicas now (2 free GPUs" in mine.not_now
+    assert "6 more promised to replicas not bound yet" in mine.not_now
+    asked = request(gpus_per_replica=2, replicas=3, owner=other)
+    theirs = choose_pool(asked, found, ENGINE, LLAMA.architecture)
+    h100 = next(v for v in theirs.verdicts if v.pool.name == "gpu-h100")
+    assert h100.slots == 4 and h100.runnable  # its own promise is room for itself

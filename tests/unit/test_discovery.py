@@ -139,8 +139,10 @@ def test_nodes_read_once_per_version_still_count_each_decisions_pods() -> None:
 
 
 def _free(inventory: Inventory, pool: str) -> int:
+    """What another service sees free on `pool`: bound pods and promises taken."""
     found = next(p for p in inventory.pools if p.name == pool)
-    return sum(node.free_for(None) for node in found.nodes)
+    free = sum(node.free_for(None) for node in found.nodes)
+    return max(free - found.promised_to_others(None), 0)
 
 
 def test_replicas_not_bound_yet_take_their_gpus_once() -> None:
@@ -154,9 +156,11 @@ def test_replicas_not_bound_yet_take_their_gpus_once() -> None:
     bound = [GpuPod(h100.nodes[0].name, 2, owner), GpuPod(h100.nodes[0].name, 2, owner)]
     both = discover_pools(nodes, CATALOG, gpu_pods=bound, reservations=promised)
     assert _free(both, pool) == 8 - 6
-    # A promise never takes more than the pool has, nor a part of a replica.
-    huge = [Reservation(owner, pool, replicas=5, gpus_per_replica=3)]
-    assert _free(discover_pools(nodes, CATALOG, reservations=huge), pool) == 8 - 6
+    assert next(p for p in both.pools if p.name == pool).promised == {owner: 2}
+    # A promise larger than the pool fills it; the owner's own promise is room for itself.
+    huge = discover_pools(nodes, CATALOG, reservations=[Reservation(owner, pool, 5, 3)])
+    assert _free(huge, pool) == 0
+    assert next(p for p in huge.pools if p.name == pool).promised_to_others(owner) == 0
 
 
 def test_a_deployment_of_kvq_promises_its_replicas_gpus_on_its_pool() -> None:
@@ -182,35 +186,6 @@ def test_a_deployment_of_kvq_promises_its_replicas_gpus_on_its_pool() -> None:
     assert reservation(deleting) is None
 
 
-def _full_scan_first_fit(
-    nodes: list[tuple[str, int, bool]],
-    bound: list[tuple[str, OwnerKey, int]],
-    promised: list[Reservation],
-) -> dict[str, dict[OwnerKey | None, int]]:
-    """The scheduler's first fit, node by node from the first for every replica: what
-    `discover_pools` must agree with, however it gets there."""
-    usage: dict[str, dict[OwnerKey | None, int]] = {}
-    for node, owner, gpus in bound:
-        usage.setdefault(node, {})[owner] = usage.get(node, {}).get(owner, 0) + gpus
-    wanted: dict[OwnerKey, tuple[int, int]] = {}
-    for r in promised:
-        gpus, step = wanted.get(r.owner, (0, r.gpus_per_replica))
-        wanted[r.owner] = (gpus + r.replicas * r.gpus_per_replica, min(step, r.gpus_per_replica))
-    for owner, (gpus, step) in wanted.items():
-        outstanding = gpus - sum(u.get(owner, 0) for u in usage.values())
-        for name, allocatable, ready in nodes:
-            if outstanding < step:
-                break
-            if not ready:
-                continue
-            taken = usage.setdefault(name, {})
-            fit = min(outstanding, max(allocatable - sum(taken.values()), 0)) // step * step
-            if fit > 0:
-                taken[owner] = taken.get(owner, 0) + fit
-                outstanding -= fit
-    return {name: held for name, held in usage.items() if held}
-
-
 _OWNERS = [("team", f"svc-{i}") for i in range(6)]
 
 
@@ -223,7 +198,7 @@ _OWNERS = [("team", f"svc-{i}") for i in range(6)]
         max_size=10,
     ),
 )
-def test_promised_replicas_land_where_a_full_first_fit_scan_puts_them(
+def test_a_pool_counts_what_each_service_asks_beyond_its_bound_pods(
     shape: list[tuple[int, bool]],
     bound: list[tuple[int, OwnerKey, int]],
     promised: list[tuple[OwnerKey, int, int]],
@@ -239,28 +214,19 @@ def test_promised_replicas_land_where_a_full_first_fit_scan_puts_them(
         ] = str(gpus)
         node["status"]["conditions"] = [{"type": "Ready", "status": str(ready)}]
         nodes.append(node)
-    names = sorted(n["metadata"]["name"] for n in nodes)  # the pool's order
-    by_name = {n["metadata"]["name"]: n for n in nodes}
-    on_nodes = [(names[i % len(names)], owner, gpus) for i, owner, gpus in bound]
+    names = sorted(n["metadata"]["name"] for n in nodes)
+    pods = [GpuPod(names[i % len(names)], gpus, owner) for i, owner, gpus in bound]
     reservations = [Reservation(owner, pool, replicas, step) for owner, replicas, step in promised]
-    found = discover_pools(
-        nodes,
-        CATALOG,
-        gpu_pods=[GpuPod(node, gpus, owner) for node, owner, gpus in on_nodes],
-        reservations=reservations,
-    )
-    expected = _full_scan_first_fit(
-        [
-            (
-                name,
-                int(by_name[name]["status"]["allocatable"][keys.GPU_RESOURCE]),
-                by_name[name]["status"]["conditions"][0]["status"] == "True",
-            )
-            for name in names
-        ],
-        on_nodes,
-        reservations,
-    )
-    pools = [p for p in found.pools if p.name == pool]
-    held = {n.name: dict(n.used) for p in pools for n in p.nodes if n.used}
-    assert held == expected
+
+    found = discover_pools(nodes, CATALOG, gpu_pods=pods, reservations=reservations)
+
+    (h100,) = [p for p in found.pools if p.name == pool]
+    asked = {o: sum(r * s for who, r, s in promised if who == o) for o, _, _ in promised}
+    held = {o: sum(p.gpus for p in pods if p.owner == o) for o in asked}
+    assert h100.promised == {o: asked[o] - held[o] for o in asked if asked[o] > held[o]}
+    # Bound pods stay on their nodes; what is promised is the pool's, not a node's.
+    assert {n.name: dict(n.used) for n in h100.nodes if n.used} == {
+        name: {o: sum(p.gpus for p in pods if p.node == name and p.owner == o)
+               for o in {p.owner for p in pods if p.node == name}}
+        for name in {p.node for p in pods}
+    }  # fmt: skip

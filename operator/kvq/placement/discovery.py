@@ -92,7 +92,8 @@ class Reservation:
 
     Pods are bound seconds after their Deployment is written, and many services are decided
     in that time (a fleet applied at once, an operator restarted): counting only bound pods,
-    each of them sees the same free GPUs and a pool is promised several times over."""
+    each of them sees the same free GPUs and a pool is promised several times over. The
+    replicas not bound yet count against their pool (`NodePool.promised`)."""
 
     owner: OwnerKey
     pool: str
@@ -120,71 +121,49 @@ def discover_pools(
     reservations: Iterable[Reservation] = (),
 ) -> Inventory:
     """Group GPU nodes into pools (by pool label, then GPU product); others are ignored.
-    A node's GPUs are taken by the pods bound to it, and by the replicas of kvq's
-    Deployments not bound yet (`reservations`), placed first-fit as the scheduler would."""
+    A node's GPUs are taken by the pods bound to it; a pool's, also by the replicas of kvq's
+    Deployments not bound yet (`reservations`), counted against the pool as a whole."""
     usage: dict[str, dict[OwnerKey | None, int]] = {}
     for pod in gpu_pods:
         per_node = usage.setdefault(pod.node, {})
         per_node[pod.owner] = per_node.get(pod.owner, 0) + pod.gpus
     facts = [_facts_of(node, tuple(pool_labels)) for node in nodes]
     inventory = _grouped(facts, catalog)
-    _reserve(inventory, usage, reservations)
-    return _with_usage(inventory, usage)
+    return _with_usage(inventory, usage, _promised(inventory, usage, reservations))
 
 
-def _reserve(
+def _promised(
     inventory: Inventory,
-    usage: dict[str, dict[OwnerKey | None, int]],
+    usage: Mapping[str, Mapping[OwnerKey | None, int]],
     reservations: Iterable[Reservation],
-) -> None:
-    """Add the GPUs of replicas not bound yet to `usage`, first-fit on their pool's ready
-    nodes."""
-    pools = {pool.name: pool for pool in inventory.pools}
-    wanted: dict[tuple[OwnerKey, str], list[int]] = {}  # [GPUs, the smallest replica's]
+) -> dict[str, dict[OwnerKey, int]]:
+    """Per pool, the GPUs each owner's Deployments ask for beyond what its bound pods hold.
+
+    Which node a replica not bound yet will land on is the scheduler's choice (it spreads
+    them, by its scores); what is known is that the pool will have that many GPUs fewer. So
+    they are counted per pool: a decision in a fleet's rollout costs one pass over the
+    reservations, not a placement of each."""
+    pools = {pool.name for pool in inventory.pools}
+    wanted: dict[tuple[OwnerKey, str], int] = {}
     for r in reservations:
         if r.replicas > 0 and r.gpus_per_replica > 0 and r.pool in pools:
-            entry = wanted.get((r.owner, r.pool))
-            if entry is None:
-                wanted[r.owner, r.pool] = [r.replicas * r.gpus_per_replica, r.gpus_per_replica]
-            else:  # tiers of one service on one pool: their GPUs add up
-                entry[0] += r.replicas * r.gpus_per_replica
-                entry[1] = min(entry[1], r.gpus_per_replica)
+            gpus = r.replicas * r.gpus_per_replica  # tiers on one pool add up
+            wanted[r.owner, r.pool] = wanted.get((r.owner, r.pool), 0) + gpus
     if not wanted:
-        return
+        return {}
     pool_of = _pool_of(inventory)
     bound: dict[tuple[OwnerKey | None, str], int] = {}
-    totals: dict[str, int] = {}
     for node_name, owners in usage.items():
-        totals[node_name] = sum(owners.values())
         pool = pool_of.get(node_name)
         if pool is not None:
             for who, held in owners.items():
                 bound[who, pool] = bound.get((who, pool), 0) + held
-    # First-fit resumes where the last replica of the same size stopped: room only shrinks
-    # here, so nodes that were full for that size stay full (a fleet's reservations would
-    # otherwise rescan the pool's full nodes once each).
-    first_open: dict[tuple[str, int], int] = {}
-    for (owner, name), (gpus, step) in wanted.items():
-        outstanding = gpus - bound.get((owner, name), 0)
-        if outstanding < step:
-            continue  # bound already (the common case at rest)
-        nodes = pools[name].nodes
-        index = first_open.get((name, step), 0)
-        open_at: int | None = None
-        while outstanding >= step and index < len(nodes):
-            node = nodes[index]
-            room = max(node.allocatable - totals.get(node.name, 0), 0) if node.ready else 0
-            fit = min(outstanding, room) // step * step
-            if fit > 0:
-                taken = usage.setdefault(node.name, {})
-                taken[owner] = taken.get(owner, 0) + fit
-                totals[node.name] = totals.get(node.name, 0) + fit
-                outstanding -= fit
-                room -= fit
-            if room >= step and open_at is None:
-                open_at = index
-            index += 1
-        first_open[name, step] = index if open_at is None else open_at
+    promised: dict[str, dict[OwnerKey, int]] = {}
+    for (owner, pool), gpus in wanted.items():
+        outstanding = gpus - bound.get((owner, pool), 0)
+        if outstanding > 0:
+            promised.setdefault(pool, {})[owner] = outstanding
+    return promised
 
 
 _pools_of: dict[int, tuple[Inventory, dict[str, str]]] = {}
@@ -276,13 +255,19 @@ def _grouped(facts: list[_NodeFacts | None], catalog: GpuCatalog) -> Inventory:
 
 
 def _with_usage(
-    inventory: Inventory, usage: Mapping[str, Mapping[OwnerKey | None, int]]
+    inventory: Inventory,
+    usage: Mapping[str, Mapping[OwnerKey | None, int]],
+    promised: Mapping[str, Mapping[OwnerKey, int]],
 ) -> Inventory:
-    if not usage:
+    if not usage and not promised:
         return inventory
     pools = tuple(
-        replace(pool, nodes=tuple(_used(node, usage.get(node.name)) for node in pool.nodes))
-        if any(node.name in usage for node in pool.nodes)
+        replace(
+            pool,
+            nodes=tuple(_used(node, usage.get(node.name)) for node in pool.nodes),
+            promised=dict(promised.get(pool.name, {})),
+        )
+        if pool.name in promised or any(node.name in usage for node in pool.nodes)
         else pool
         for pool in inventory.pools
     )

@@ -62,6 +62,9 @@ class NodePool:
     """Labels every node of the pool carries (matched against spec.placement.nodeSelector)."""
     group: str = ""
     """The pool label's value; differs from `name` when the pool mixes GPU products."""
+    promised: Mapping[OwnerKey, int] = field(default_factory=dict)
+    """GPUs kvq's Deployments ask of the pool beyond their bound pods, by InferenceService:
+    taken once the scheduler binds their replicas, on nodes it chooses."""
     rooms: dict[Hashable, tuple[int, str]] = field(default_factory=dict, compare=False, repr=False)
     """Room already counted for a request shape (owner, replica size, replicas,
     tolerations): every rung of a decision asks the same of each pool. The pool and its
@@ -74,6 +77,11 @@ class NodePool:
     @property
     def allocatable_gpus(self) -> int:
         return sum(n.allocatable for n in self.nodes if n.ready)
+
+    def promised_to_others(self, owner: OwnerKey | None) -> int:
+        """GPUs promised to every InferenceService but `owner` (whose own count as free
+        for it, as its bound pods' do)."""
+        return sum(gpus for who, gpus in self.promised.items() if who != owner)
 
     def in_group(self, names: tuple[str, ...] | list[str]) -> bool:
         return self.name in names or (bool(self.group) and self.group in names)
