@@ -436,17 +436,21 @@ def _measure_rest(kube: Kube, operator: Operator, seconds: float, results: Resul
 def _operator_work(text: str) -> dict[str, float]:
     """Reconciles, their queue wait and decision time, writes (API calls that changed
     something): from kvq's /metrics."""
-    passes = _sample(text, "kvq_reconciles_total")
-    waits = _sample(text, "kvq_queue_wait_seconds_count")
-    decisions = _sample(text, "kvq_decision_seconds_count")
+
+    def mean(name: str, scale: float = 1.0, **labels: str) -> float:
+        count = _sample(text, f"{name}_count", **labels)
+        return round(scale * _sample(text, f"{name}_sum", **labels) / count, 3) if count else 0.0
+
     return {
-        "reconciles": passes,
-        "queue_wait_mean_s": round(_sample(text, "kvq_queue_wait_seconds_sum") / waits, 3)
-        if waits
-        else 0.0,
-        "decision_mean_ms": round(1000 * _sample(text, "kvq_decision_seconds_sum") / decisions, 2)
-        if decisions
-        else 0.0,
+        "reconciles": _sample(text, "kvq_reconciles_total"),
+        "queue_wait_mean_s": mean("kvq_queue_wait_seconds"),
+        "admission_wait_mean_s": mean("kvq_admission_wait_seconds"),
+        "decision_mean_ms": mean("kvq_decision_seconds", 1000),
+        "carry_out_mean_s": mean("kvq_carry_out_seconds"),
+        **{
+            f"write_wait_mean_s_urgency_{u}": mean("kvq_write_wait_seconds", urgency=str(u))
+            for u in range(3)
+        },
         "writes": _sample(text, "kvq_writes_total"),
     }
 
@@ -530,9 +534,12 @@ def _print(results: Results) -> None:
         rows.append(
             (
                 "operator during the waves",
-                f"{work['reconciles']:.0f} reconciles, queue wait mean "
-                f"{work['queue_wait_mean_s']} s, decide mean {work['decision_mean_ms']} ms, "
-                f"{work['writes']:.0f} writes",
+                f"{work['reconciles']:.0f} reconciles, {work['writes']:.0f} writes; means: "
+                f"change to pass {work['queue_wait_mean_s']} s (waiting for a worker "
+                f"{work['admission_wait_mean_s']} s), decide {work['decision_mean_ms']} ms, "
+                f"carry out {work['carry_out_mean_s']} s, a write's wait for a writer "
+                f"{work['write_wait_mean_s_urgency_0']}/{work['write_wait_mean_s_urgency_1']}/"
+                f"{work['write_wait_mean_s_urgency_2']} s (crash/change/routine)",
                 "",
                 "",
             )

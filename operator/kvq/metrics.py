@@ -37,10 +37,27 @@ READS = Counter(
     "Requests kvq made outside its watches, by object kind and verb (get, dry-run, log).",
     ["kind", "verb"],
 )
+_SLOW_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 QUEUE_WAIT_SECONDS = Histogram(
     "kvq_queue_wait_seconds",
     "Time from a change to the start of the reconcile it asked for.",
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    buckets=_SLOW_BUCKETS,
+)
+ADMISSION_WAIT_SECONDS = Histogram(
+    "kvq_admission_wait_seconds",
+    "Time a pass waited for a worker to decide it (after its service's previous pass).",
+    buckets=_SLOW_BUCKETS,
+)
+CARRY_OUT_SECONDS = Histogram(
+    "kvq_carry_out_seconds",
+    "Time a pass took to carry its plan out (its writes, queued by urgency, and status).",
+    buckets=_SLOW_BUCKETS,
+)
+WRITE_WAIT_SECONDS = Histogram(
+    "kvq_write_wait_seconds",
+    "Time a write waited for one of the executor's writers, by urgency (0 most urgent).",
+    ["urgency"],
+    buckets=_SLOW_BUCKETS,
 )
 
 FALLBACK_REASON_PREFIX = "Fallback"

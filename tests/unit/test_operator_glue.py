@@ -541,3 +541,24 @@ def test_every_watch_handler_runs_on_kopfs_event_loop() -> None:
     # controller's asyncio objects touched from another thread.
     assert [h.id for h in handlers if not is_async_fn(h.fn)] == []
     assert len({(h.id, h.selector) for h in handlers}) == len(handlers)  # names kept apart
+
+
+def test_a_pass_after_kvqs_own_status_write_decides_from_what_the_write_returned() -> None:
+    from kvq.k8s.status import StoredForms
+
+    forms = StoredForms()
+    read = {"metadata": {"uid": "u1", "resourceVersion": "5"}, "status": {}}
+    returned = {
+        "metadata": {"uid": "u1", "resourceVersion": "6", "managedFields": [{"manager": "kvq"}]},
+        "status": {"observedGeneration": 1},
+    }
+    forms.written("u1", "5", returned)
+    # The watch still shows version 5, which the write replaced: decide from version 6.
+    assert forms.newest(read) == {
+        "metadata": {"uid": "u1", "resourceVersion": "6"},
+        "status": {"observedGeneration": 1},
+    }
+    # Once the watch shows anything else, it is the truth again.
+    caught_up = {"metadata": {"uid": "u1", "resourceVersion": "7"}, "status": {"x": 1}}
+    assert forms.newest(caught_up) is caught_up
+    assert forms.newest(read) is read

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from kvq.api import keys
 from kvq.handlers.indices import EngineKey
 from kvq.handlers.slots import Priority, Slots
-from kvq.metrics import QUEUE_WAIT_SECONDS
+from kvq.metrics import ADMISSION_WAIT_SECONDS, CARRY_OUT_SECONDS, QUEUE_WAIT_SECONDS
 from kvq.placement.discovery import GpuPod, gpu_pod, node_fingerprint
 
 log = logging.getLogger("kvq.controller")
@@ -266,15 +266,22 @@ class Controller:
         assert self._slots is not None, "Controller.start() was not called"
         loop = asyncio.get_running_loop()
         try:
+            asked = time.monotonic()
             async with self._slots.held(priority, key):
+                admitted = time.monotonic()
+                ADMISSION_WAIT_SECONDS.observe(admitted - asked)
                 changed = self._changed_at.pop(key, None)
                 if changed is not None:
-                    QUEUE_WAIT_SECONDS.observe(time.monotonic() - changed)
+                    QUEUE_WAIT_SECONDS.observe(admitted - changed)
                 observed = observe()  # after admission: the freshest view
                 decided = await loop.run_in_executor(self._threads, decide, observed)
             if uid in self._gone:
                 return PassResult(gone=True)  # deleted meanwhile: nothing to write for it
-            return await carry_out(decided, int(priority))
+            began = time.monotonic()
+            try:
+                return await carry_out(decided, int(priority))
+            finally:
+                CARRY_OUT_SECONDS.observe(time.monotonic() - began)
         except Exception:
             log.exception("reconcile of %s/%s failed; retrying with a back-off", *key)
             return None

@@ -124,7 +124,7 @@ def decide_pass(runtime: Runtime, observed: Observed, now: datetime | None = Non
     """The first stage of a pass: the plan, from the watch caches (no write, and no read
     but a crashed engine's log tail when its termination message says too little)."""
     now = now or datetime.now(UTC)
-    raw = dict(observed.body)
+    raw = dict(runtime.memory.forms.newest(observed.body))
     if raw["metadata"].get("deletionTimestamp"):
         runtime.promises.forget((raw["metadata"].get("namespace", ""), raw["metadata"]["name"]))
         RECONCILES.labels(result="deleting").inc()

@@ -17,6 +17,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from kvq.k8s.apply import SameAsServer, apply_manifest, delete_object
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.status import StoredForms, write_status
+from kvq.metrics import WRITE_WAIT_SECONDS
 
 log = logging.getLogger("kvq.executor")
 T = TypeVar("T")
@@ -50,6 +52,7 @@ class _Write:
     key: Hashable | None
     urgency: int
     kind: int
+    queued: float = field(default_factory=time.monotonic)
 
 
 class Writers:
@@ -118,6 +121,9 @@ class Writers:
                         waiting.discard(write)
                         if not waiting:
                             del self._pending[write.key]
+            WRITE_WAIT_SECONDS.labels(urgency=str(write.urgency)).observe(
+                time.monotonic() - write.queued
+            )
             try:
                 write.done.set_result(write.work())
             except BaseException as error:  # handed to the waiting pass, which raises it

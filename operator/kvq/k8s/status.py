@@ -9,6 +9,7 @@ so it is not written again and again.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import threading
@@ -40,6 +41,8 @@ class StoredForms:
     through the watch. uid -> (digest of the status sent, what the cache shows for it)."""
 
     _forms: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _after: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    """uid -> (the resourceVersion a status write replaced, the object the server returned)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def matches(self, uid: str, desired: Manifest, shown: str) -> bool:
@@ -53,6 +56,26 @@ class StoredForms:
     def forget(self, uid: str) -> None:
         with self._lock:
             self._forms.pop(uid, None)
+            self._after.pop(uid, None)
+
+    def newest(self, isvc: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`isvc`, or the object kvq's own status write made of it when the watch has not
+        delivered that yet: deciding from the version a write replaced only earns a 409
+        and a second decision."""
+        meta = isvc["metadata"]
+        with self._lock:
+            after = self._after.get(meta["uid"])
+            if after is None:
+                return isvc
+            if after[0] != meta.get("resourceVersion"):
+                del self._after[meta["uid"]]  # the watch has caught up (or moved on)
+                return isvc
+            return copy.deepcopy(after[1])  # the pass may change its copy
+
+    def written(self, uid: str, replaced: str, returned: Mapping[str, Any]) -> None:
+        meta = {k: v for k, v in (returned.get("metadata") or {}).items() if k != "managedFields"}
+        with self._lock:
+            self._after[uid] = (replaced, {**returned, "metadata": meta})
 
 
 def write_status(
@@ -97,6 +120,7 @@ def write_status(
             ) from error
         raise
     count_write(KIND, "status")
+    forms.written(uid, meta["resourceVersion"], cast(dict[str, Any], result))
     written = without_nulls(cast(dict[str, Any], result).get("status") or {})
     if written != wanted:
         forms.remember(uid, wanted, _digest(written))  # the server's form of `wanted`
