@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from kvq.decide.types import EventSpec
 from kvq.k8s.clients import Clients
@@ -39,7 +39,7 @@ def post_event(clients: Clients, isvc: Mapping[str, Any], event: EventSpec, now:
         "lastTimestamp": stamp,
         "count": 1,
     }
-    clients.core.create_namespaced_event(meta["namespace"], cast(Any, body))
+    clients.call("post", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
     count_write("Event", "create")
     count_event(event.reason)
 

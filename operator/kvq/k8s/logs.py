@@ -25,21 +25,22 @@ def read_log_tails(
     containers = {(p.get("metadata") or {}).get("name"): _first_container(p) for p in pods}
     tails: dict[str, str] = {}
     for name in pod_names:
+        query = [
+            ("previous", "true"),
+            ("tailLines", config.log_tail_lines),
+            ("limitBytes", config.log_tail_bytes),
+        ]
+        if containers.get(name):
+            query.append(("container", containers[name]))
         try:
-            text = clients.core.read_namespaced_pod_log(
-                name,
-                namespace,
-                container=containers.get(name),
-                previous=True,
-                tail_lines=config.log_tail_lines,
-                limit_bytes=config.log_tail_bytes,
-            )
+            path = f"/api/v1/namespaces/{namespace}/pods/{name}/log"
+            response = clients.call("get", path, query=query, accept="text/plain, */*")
         except ApiException as error:
             # No previous container yet, the pod is gone, or the node cannot serve logs:
             # the decision goes on with the termination message alone.
             log.info("no previous log for pod %s/%s: HTTP %s", namespace, name, error.status)
             continue
-        tails[name] = str(text)
+        tails[name] = response.data.decode(errors="replace")
     return tails
 
 

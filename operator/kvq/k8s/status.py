@@ -15,7 +15,7 @@ import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -100,15 +100,10 @@ def write_status(
         },
         "status": desired,
     }
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{meta['namespace']}/{PLURAL}/{meta['name']}"
     try:
-        result = clients.custom.replace_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            meta["namespace"],
-            PLURAL,
-            meta["name"],
-            body,
-            field_manager=keys.FIELD_MANAGER,
+        response = clients.call(
+            "put", f"{path}/status", body=body, query=[("fieldManager", keys.FIELD_MANAGER)]
         )
     except ApiException as error:
         if error.status == 404:
@@ -120,8 +115,9 @@ def write_status(
             ) from error
         raise
     count_write(KIND, "status")
-    forms.written(uid, meta["resourceVersion"], cast(dict[str, Any], result))
-    written = without_nulls(cast(dict[str, Any], result).get("status") or {})
+    result: dict[str, Any] = json.loads(response.data)
+    forms.written(uid, meta["resourceVersion"], result)
+    written = without_nulls(result.get("status") or {})
     if written != wanted:
         forms.remember(uid, wanted, _digest(written))  # the server's form of `wanted`
     else:
