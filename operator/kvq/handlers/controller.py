@@ -6,11 +6,11 @@ signal, then runs one reconcile in a worker thread. Signals come from watch even
 InferenceService itself, its pods and owned objects, and nodes or GPU pods that change a
 pool the service runs on or waits for. A slow resync (minutes) is the safety net; a
 decision that depends on time (a grace period, a back-off, metrics) asks for its own next
-pass. A pass decides, then carries its plan out: at most `workers` decide at once,
-admitted by priority (a crashed engine first, then a new service or a spec change, then in
-arrival order: kvq.handlers.slots), and the plans' writes are sent by the executor's
-writers in the same order of urgency, so new decisions never wait for other passes'
-writes. A failing service backs off alone, so one broken service cannot
+pass. A pass decides, then carries its plan out: at most `workers` decide and CARRYING
+carry out at once, each stage admitting by priority (a crashed engine first, then a new
+service or a spec change, then in arrival order: kvq.handlers.slots), and the plans'
+writes are sent by the executor's writers in the same order of urgency, so new decisions
+never wait for other passes' writes. A failing service backs off alone, so one broken service cannot
 starve the rest. A status-only change of an InferenceService (kvq's own write) wakes
 nobody.
 """
@@ -39,6 +39,10 @@ D = TypeVar("D")
 
 DEFAULT_RESYNC = timedelta(minutes=10)
 DEFAULT_WORKERS = 16
+# Plans carried out at once (their writes queued by urgency at the executor's writers).
+# More than a burst of new services, so their Deployments are all queued ahead of status;
+# bounded so that a fleet's rollout does not hold a plan (about 50 KB) for every service.
+CARRYING = 128
 
 # A stale view (409) is redone soon: the watch has the newer object by then.
 CONFLICT_RETRY_SECONDS = 0.5
@@ -92,6 +96,8 @@ class Controller:
     """Called once a deleted service's loop has ended (forget what was kept for it)."""
     _slots: Slots | None = None
     """Admission to deciding: at most `workers` at once."""
+    _carrying: Slots | None = None
+    """Admission to carrying a plan out: at most CARRYING at once."""
     _threads: ThreadPoolExecutor | None = None
     promote_writes: Callable[[EngineKey, int], None] | None = None
     """Moves a service's writes already waiting for a writer up to an urgency."""
@@ -99,6 +105,7 @@ class Controller:
     def start(self) -> None:
         """Create the loop-bound parts (call from the operator's event loop)."""
         self._slots = Slots(self.workers)
+        self._carrying = Slots(CARRYING)
         self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="kvq-reconcile")
 
     def stop(self) -> None:
@@ -117,8 +124,10 @@ class Controller:
             # Its pass waits for a worker and reads the caches once admitted: it sees this
             # change too, now with the more urgent of the two priorities.
             return
+        # A plan decided before this change: carried out first, then the next pass.
+        if self._carrying is not None:
+            self._carrying.promote(key, priority)
         if self.promote_writes is not None:
-            # A plan decided before this change: carried out first, then the next pass.
             self.promote_writes(key, int(priority))
         self._priority[key] = min(priority, self._priority.get(key, Priority.ROUTINE))
         signal.set()
@@ -263,7 +272,7 @@ class Controller:
         decide: Callable[[T], D],
         carry_out: Callable[[D, int], Awaitable[PassResult]],
     ) -> PassResult | None:
-        assert self._slots is not None, "Controller.start() was not called"
+        assert self._slots is not None and self._carrying is not None, "start() not called"
         loop = asyncio.get_running_loop()
         try:
             asked = time.monotonic()
@@ -277,11 +286,12 @@ class Controller:
                 decided = await loop.run_in_executor(self._threads, decide, observed)
             if uid in self._gone:
                 return PassResult(gone=True)  # deleted meanwhile: nothing to write for it
-            began = time.monotonic()
-            try:
-                return await carry_out(decided, int(priority))
-            finally:
-                CARRY_OUT_SECONDS.observe(time.monotonic() - began)
+            async with self._carrying.held(priority, key):
+                began = time.monotonic()
+                try:
+                    return await carry_out(decided, int(priority))
+                finally:
+                    CARRY_OUT_SECONDS.observe(time.monotonic() - began)
         except Exception:
             log.exception("reconcile of %s/%s failed; retrying with a back-off", *key)
             return None

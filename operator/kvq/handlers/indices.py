@@ -63,16 +63,41 @@ OWNED_INDICES: dict[str, tuple[str, str, str]] = {
 
 
 def stored(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What an index keeps of a watched object: its parsed event, without managedFields.
+    """What an index keeps of a watched object: its parsed event, without managedFields;
+    of a pod, what kvq reads (metadata, status, its containers' names); a ConfigMap's long
+    values shared with the other ConfigMaps holding the same text.
 
     kopf parses every watch event into new dicts and never changes them afterwards (a
     newer event replaces the object whole), so sharing them costs no copy; kvq only reads
-    them. The rest of the event (managedFields) is freed with it."""
+    them. The rest of the event is freed with it."""
     kept = dict(body)
     metadata = kept.get("metadata")
     if isinstance(metadata, Mapping) and "managedFields" in metadata:
         kept["metadata"] = {k: v for k, v in metadata.items() if k != "managedFields"}
+    kind = kept.get("kind")
+    if kind == "Pod":
+        # The spec is most of a pod (the engine's command, env, probes, volumes); kvq reads
+        # its status, and the first container's name for its log. A fleet's pods: 16 MB.
+        spec = kept.get("spec") or {}
+        containers = [{"name": c.get("name")} for c in spec.get("containers") or []]
+        kept["spec"] = {"nodeName": spec.get("nodeName"), "containers": containers}
+    elif kind == "ConfigMap" and isinstance(kept.get("data"), Mapping):
+        # Every engine's evidence wrapper is the same 10 KB script: one copy, not 1,000.
+        kept["data"] = {k: _shared(v) for k, v in kept["data"].items()}
     return kept
+
+
+_SHARED_LIMIT = 256
+_SHARED_MIN_LENGTH = 1024
+_texts: dict[str, str] = {}
+
+
+def _shared(value: Any) -> Any:
+    if not isinstance(value, str) or len(value) < _SHARED_MIN_LENGTH:
+        return value
+    if value not in _texts and len(_texts) >= _SHARED_LIMIT:
+        _texts.clear()
+    return _texts.setdefault(value, value)
 
 
 def plain(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -41,8 +41,9 @@ class StoredForms:
     through the watch. uid -> (digest of the status sent, what the cache shows for it)."""
 
     _forms: dict[str, tuple[str, str]] = field(default_factory=dict)
-    _after: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
-    """uid -> (the resourceVersion a status write replaced, the object the server returned)."""
+    _after: dict[str, tuple[str, str, Any]] = field(default_factory=dict)
+    """uid -> (the resourceVersion a status write replaced, the one it made, the status the
+    server returned)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def matches(self, uid: str, desired: Manifest, shown: str) -> bool:
@@ -70,12 +71,17 @@ class StoredForms:
             if after[0] != meta.get("resourceVersion"):
                 del self._after[meta["uid"]]  # the watch has caught up (or moved on)
                 return isvc
-            return copy.deepcopy(after[1])  # the pass may change its copy
+            # Only the status changed (a write from a stale spec would have been a 409).
+            return {
+                **isvc,
+                "metadata": {**meta, "resourceVersion": after[1]},
+                "status": copy.deepcopy(after[2]),  # the pass may change its copy
+            }
 
     def written(self, uid: str, replaced: str, returned: Mapping[str, Any]) -> None:
-        meta = {k: v for k, v in (returned.get("metadata") or {}).items() if k != "managedFields"}
+        made = str((returned.get("metadata") or {}).get("resourceVersion", ""))
         with self._lock:
-            self._after[uid] = (replaced, {**returned, "metadata": meta})
+            self._after[uid] = (replaced, made, returned.get("status"))
 
 
 def write_status(
