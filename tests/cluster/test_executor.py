@@ -314,24 +314,26 @@ def test_status_from_a_stale_read_is_a_conflict_not_an_overwrite(
     assert not read_isvc(kube, namespace, NAME).get("status")
 
 
-def runtime_for(clients: Clients) -> Runtime:
-    return Runtime(
+def runtime_for(clients: Clients, kube: Kube) -> Runtime:
+    runtime = Runtime(
         catalogs=Catalogs(load_gpu_catalog(), load_engine_catalog(), load_model_catalog()),
         config=OperatorConfig(),
         clients=clients,
     )
+    for node in kube.core.list_node().items:  # what the operator's node watch feeds it
+        runtime.fleet.node(node.metadata.name, kube.api.sanitize_for_serialization(node))
+    return runtime
 
 
 def observed(kube: Kube, body: dict[str, Any]) -> Observed:
-    nodes = [kube.api.sanitize_for_serialization(n) for n in kube.core.list_node().items]
     namespace = body["metadata"]["namespace"]
-    return Observed(body=body, nodes=nodes, pods=[], gpu_pods=[], owned=live(kube, namespace))
+    return Observed(body=body, pods=[], owned=live(kube, namespace))
 
 
 def test_reconcile_from_a_stale_read_is_a_conflict_then_converges(
     kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
 ) -> None:
-    runtime = runtime_for(clients)
+    runtime = runtime_for(clients, kube)
     stale = copy.deepcopy(isvc)
     kube.custom.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, NAME, {"metadata": {"labels": {"team": "a"}}}
@@ -416,12 +418,12 @@ def test_an_unreadable_spec_is_ready_false_with_one_warning(
     kube: Kube, namespace: str, clients: Clients, isvc: dict[str, Any]
 ) -> None:
     # The CRD refuses this at apply time; an older CRD would not: kvq must still cope.
-    runtime = runtime_for(clients)
+    runtime = runtime_for(clients, kube)
 
     def as_if_invalid() -> Observed:
         body = read_isvc(kube, namespace, NAME)
         body["spec"]["memory"]["gpuMemoryUtilization"] = 1.5
-        return Observed(body=body, nodes=[], pods=[], gpu_pods=[], owned=[])
+        return Observed(body=body, pods=[], owned=[])
 
     assert reconcile(runtime, as_if_invalid()).plan is None
     assert reconcile(runtime, as_if_invalid()).plan is None

@@ -241,3 +241,21 @@ def test_a_service_deleted_while_the_operator_is_stopped_goes_at_once_with_its_o
         timeout=60,
         describe=lambda: str(managed_objects(kube, namespace)),
     )
+
+
+def test_the_finalizer_an_earlier_kvq_left_is_removed(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    body = inference_service(NAME)
+    body["metadata"]["finalizers"] = [keys.FINALIZER]
+    create_isvc(kube, namespace, body)
+    assert kubectl_wait_ready(kube, namespace).returncode == 0, operator.log_tail()
+    wait_until(
+        lambda: not read_isvc(kube, namespace, NAME)["metadata"].get("finalizers"),
+        what=f"{keys.FINALIZER} to be removed",
+        timeout=30,
+        describe=operator.log_tail,
+    )
+    # And nothing holds the deletion.
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME)
+    wait_for_deletion(lambda: read_isvc(kube, namespace, NAME), what="deletion", timeout=10)

@@ -4,8 +4,11 @@ half the KV cache with fp8 as with auto.
 Load: LOAD_REQUESTS requests of PROMPT_TOKENS random token ids (seeded, so no two
 share a prefix block) each generating MAX_TOKENS tokens, sent at once. The probe model's
 engines get 8 MiB of KV cache (auto: 64 blocks of 128 tokens; fp8: 128), so the load
-fills a visible share of it. `vllm:kv_cache_usage_perc` is sampled while the load runs;
-its peak, taken while all requests run together, is the figure.
+fills a visible share of it. `vllm:kv_cache_usage_perc` is sampled with
+`vllm:num_requests_running` while the load runs; the figure is the usage of the sample
+with all requests running together. A load whose samples never saw that (a cold engine
+or a busy machine can admit the first requests and finish them before the last arrive:
+CI once saw 2 of 8) is sent again, up to LOAD_ATTEMPTS times.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ PROMPT_TOKENS = 400
 MAX_TOKENS = 64
 LOAD_SEED = 11
 SAMPLE_INTERVAL_S = 0.02
+LOAD_ATTEMPTS = 3
 # Token ids drawn for prompts: the byte-level alphabet (256 ids after the 3 special
 # tokens), which every vocabulary of train_model.py holds.
 TOKEN_IDS = range(3, 3 + 256)
@@ -39,6 +43,11 @@ class Peak:
     usage: float
     running: int
 
+    @property
+    def per_request(self) -> float:
+        """Each request holds the same blocks (prompt and output fit 4 of 128 tokens)."""
+        return self.usage / self.running
+
 
 def gauges(served: ServedEngine) -> tuple[float, int]:
     values: dict[str, float] = {}
@@ -49,7 +58,10 @@ def gauges(served: ServedEngine) -> tuple[float, int]:
 
 
 def send_load_and_sample(served: ServedEngine) -> Peak:
-    """Sends the fixed load at once; samples the gauges until every request has answered."""
+    """Sends the fixed load at once; samples the gauges until every request has answered.
+
+    The peak is the sample with the most requests running, the fullest of those.
+    """
     rng = random.Random(LOAD_SEED)
     prompts = [[rng.choice(TOKEN_IDS) for _ in range(PROMPT_TOKENS)] for _ in range(LOAD_REQUESTS)]
     errors: list[BaseException] = []
@@ -79,21 +91,33 @@ def send_load_and_sample(served: ServedEngine) -> Peak:
     watcher.start()
     while not done.wait(SAMPLE_INTERVAL_S):
         usage, running = gauges(served)
-        if usage > peak.usage:
+        if (running, usage) > (peak.running, peak.usage):
             peak = Peak(usage, running)
     watcher.join()
     assert not errors, errors
     return peak
 
 
+def peak_of_whole_load(served: ServedEngine) -> Peak:
+    """The peak of the first load seen running all together (or of the last attempt)."""
+    peak = Peak(0.0, 0)
+    for _ in range(LOAD_ATTEMPTS):
+        peak = send_load_and_sample(served)
+        if peak.running == LOAD_REQUESTS:
+            break
+    return peak
+
+
 @pytest.fixture(scope="module")
 def auto_peak(engines: EnginePool) -> Peak:
-    return send_load_and_sample(engines.serve(EngineCase(PROBE_MODEL, "auto")))
+    return peak_of_whole_load(engines.serve(EngineCase(PROBE_MODEL, "auto")))
 
 
 def test_the_fixed_load_fills_a_visible_share_of_the_auto_cache(auto_peak: Peak) -> None:
     # All requests were running together at the peak: the figure is the whole load's.
-    assert auto_peak.running == LOAD_REQUESTS
+    assert auto_peak.running == LOAD_REQUESTS, (
+        f"no sample of {LOAD_ATTEMPTS} loads saw all {LOAD_REQUESTS} requests running"
+    )
     assert 0.2 < auto_peak.usage < 0.95
 
 
@@ -104,13 +128,14 @@ def test_fp8_holds_the_same_load_in_about_half_the_cache(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     require_fp8(cpu_backend)
-    fp8_peak = send_load_and_sample(engines.serve(EngineCase(PROBE_MODEL, "fp8")))
-    ratio = fp8_peak.usage / auto_peak.usage
+    fp8_peak = peak_of_whole_load(engines.serve(EngineCase(PROBE_MODEL, "fp8")))
+    # Per running request, so the ratio stands even where a load never ran all together.
+    ratio = fp8_peak.per_request / auto_peak.per_request
     with capsys.disabled():
         print(
             f"\nKV cache usage for {LOAD_REQUESTS} x ({PROMPT_TOKENS} + {MAX_TOKENS}) tokens: "
             f"auto {auto_peak.usage:.4f}, fp8 {fp8_peak.usage:.4f}, ratio {ratio:.3f}"
         )
 
-    assert fp8_peak.running == LOAD_REQUESTS
     assert RATIO_RANGE[0] <= ratio <= RATIO_RANGE[1]
+    assert fp8_peak.running == LOAD_REQUESTS

@@ -9,7 +9,8 @@ from typing import Any
 from kvq.decide import decide
 from kvq.handlers.promises import Promises
 from kvq.placement.discovery import GpuPod
-from tests.unit.test_decide import deployment_of, isvc, nodes, snapshot
+from kvq.placement.fleet import Fleet
+from tests.unit.test_decide import CATALOGS, deployment_of, isvc, nodes, snapshot
 
 
 def _service(name: str) -> dict[str, Any]:
@@ -35,7 +36,12 @@ def test_the_second_service_does_not_take_the_gpu_promised_to_the_first() -> Non
         for n in nodes()
         if first_choice in n["metadata"]["labels"].values()
     ]
-    promises = Promises()
+    fleet = Fleet(CATALOGS.gpus)  # the operator feeds it from the watches
+    for node in nodes():
+        fleet.node(node["metadata"]["name"], node)
+    for index, pod in enumerate(free_one):
+        fleet.pod(f"uid-{index}", pod)
+    promises = Promises(fleet)
     a = promises.decide(("team-a", "a"), snapshot(_service("a"), gpu_pods=free_one), decide)
     b = promises.decide(("team-a", "b"), snapshot(_service("b"), gpu_pods=free_one), decide)
     assert _pool_of(a) == first_choice

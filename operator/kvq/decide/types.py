@@ -13,7 +13,7 @@ from kvq.catalog.gpus import GpuCatalog
 from kvq.catalog.models import ModelCatalog
 from kvq.decide.metrics import EngineReading
 from kvq.fallback.ladder import LadderPolicy
-from kvq.placement.discovery import DEFAULT_POOL_LABELS, GpuPod, Reservation
+from kvq.placement.discovery import DEFAULT_POOL_LABELS, GpuPod, Inventory, Reservation
 from kvq.render.autoscaling import PrometheusAccess
 
 Manifest = dict[str, Any]
@@ -66,6 +66,9 @@ class Snapshot:
     """Every pod bound to a node that holds GPUs (whose ever it is): what fills a pool."""
     reservations: Sequence[Reservation] = ()
     """What every engine Deployment of kvq's asks of its pool (replicas not bound yet)."""
+    inventory: Inventory | None = None
+    """The pools with their usage, already counted (the operator keeps them from the
+    watches); None: found from `nodes`, `gpu_pods` and `reservations`."""
     config: OperatorConfig = field(default_factory=OperatorConfig)
     log_tails: Mapping[str, str] = field(default_factory=dict)
     """Pod name -> bounded tail of its previous container's log, when the executor fetched it."""

@@ -35,7 +35,7 @@ from kvq.fallback.ladder import (
     RuntimeVerdict,
     climb,
 )
-from kvq.placement.discovery import discover_pools
+from kvq.placement.discovery import Inventory, discover_pools
 from kvq.planner.architecture import UnknownModelError, resolve_architecture
 from kvq.render import RenderError
 from kvq.render.settings import engine_image_and_version
@@ -69,13 +69,7 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     first = _findings(snap, key, current, current_pool)
     placements = place_rungs(
         isvc,
-        discover_pools(
-            snap.nodes,
-            snap.catalogs.gpus,
-            snap.config.pool_labels,
-            snap.gpu_pods,
-            snap.reservations,
-        ),
+        _inventory(snap),
         capability,
         arch,
         current_pool=current_pool,
@@ -239,6 +233,15 @@ def _runtime_verdict(
         reason = f"{failure.reason.rstrip('.')} (the same crash {count} times)."
         return RuntimeVerdict("Suspect", reason, failure.excerpt)
     return None
+
+
+def _inventory(snap: Snapshot) -> Inventory:
+    """The pools as the operator keeps them counted, else found from the snapshot's nodes."""
+    if snap.inventory is not None:
+        return snap.inventory
+    return discover_pools(
+        snap.nodes, snap.catalogs.gpus, snap.config.pool_labels, snap.gpu_pods, snap.reservations
+    )
 
 
 def _plan(

@@ -1,10 +1,12 @@
 """kopf indices: what reconcile reads instead of asking the API server.
 
-Nodes by name (pool discovery); engine Pods and the objects kvq renders (ConfigMap,
-Deployment, Service, PodDisruptionBudget), labelled managed-by kvq, by (namespace,
-InferenceService name); every pod that holds GPUs and the GPUs each of kvq's Deployments
-asks of its pool (what fills a pool, and what it has promised). Bodies are
-kept without managedFields: the largest part of an object, and nothing kvq reads.
+Engine Pods and the objects kvq renders (ConfigMap, Deployment, Service,
+PodDisruptionBudget), labelled managed-by kvq, by (namespace, InferenceService name);
+bodies are kept without managedFields (the largest part of an object, and nothing kvq
+reads). Nodes, every pod's GPUs and what kvq's Deployments ask of their pools feed the
+runtime's Fleet instead (the pools, kept counted): their index handlers keep nothing, and
+are index handlers because kopf calls those for the whole first listing before it lets
+any handler or daemon run, so the first decisions see every node and pod.
 """
 
 from __future__ import annotations
@@ -14,16 +16,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvq.api import keys
-from kvq.placement.discovery import GpuPod, Reservation, gpu_pod, reservation
+from kvq.placement.discovery import gpu_pod, reservation
 
 EngineKey = tuple[str, str]
 
 MANAGED_BY_KVQ = {keys.LABEL_MANAGED_BY: keys.MANAGED_BY_VALUE}
-GPU_PODS_KEY = "gpu-pods"
 
 
-def kvq_nodes(name: str, body: Mapping[str, Any], **_: Any) -> dict[str, dict[str, Any]]:
-    return {name: stored(body)}
+def kvq_nodes(name: str, body: Mapping[str, Any], memo: Any, **_: Any) -> dict[str, Any]:
+    memo.runtime.fleet.node(name, body)
+    return {}
 
 
 def by_inference_service(
@@ -33,14 +35,16 @@ def by_inference_service(
     return {(namespace, owner): stored(body)} if owner and namespace else {}
 
 
-def gpu_pods(body: Mapping[str, Any], **_: Any) -> dict[str, GpuPod]:
-    found = gpu_pod(body)
-    return {GPU_PODS_KEY: found} if found is not None else {}
+def gpu_pods(uid: str, body: Mapping[str, Any], memo: Any, **_: Any) -> dict[str, Any]:
+    memo.runtime.fleet.pod(uid, gpu_pod(body))
+    return {}
 
 
-def reservations(body: Mapping[str, Any], **_: Any) -> dict[str, Reservation]:
-    found = reservation(body)
-    return {GPU_PODS_KEY: found} if found is not None else {}
+def reservations(
+    namespace: str, name: str, body: Mapping[str, Any], memo: Any, **_: Any
+) -> dict[str, Any]:
+    memo.runtime.fleet.deployment((namespace, name), reservation(body))
+    return {}
 
 
 # Index id (the kwarg name kopf passes it under) -> (group, version, plural).

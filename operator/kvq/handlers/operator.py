@@ -181,11 +181,8 @@ async def serve_inference_service(
         owned = [obj for index in indices.OWNED_INDICES for obj in kwargs[index].get(key, ())]
         return Observed(
             body=indices.plain(body),
-            nodes=[node for store in kwargs[indices.NODE_INDEX].values() for node in store],
             pods=list(kwargs[indices.POD_INDEX].get(key, ())),
-            gpu_pods=list(kwargs[indices.GPU_POD_INDEX].get(indices.GPU_PODS_KEY, ())),
             owned=owned,
-            reservations=list(kwargs[indices.RESERVATION_INDEX].get(indices.GPU_PODS_KEY, ())),
         )
 
     await controller.serve(
@@ -217,8 +214,16 @@ def on_inference_service_event(
 
 
 def on_owned_event(
-    namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
+    namespace: str | None,
+    name: str,
+    labels: Mapping[str, str],
+    body: kopf.Body,
+    type: str | None,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
+    if type == "DELETED" and body.get("kind") == "Deployment" and namespace:
+        memo.runtime.fleet.deployment((namespace, name), None)
     owner = owner_of(labels, namespace)
     if owner is not None:
         memo.controller.notify(owner)
@@ -240,10 +245,14 @@ def on_pod_event(
         failure = evidence_from_pod(body) if type != "DELETED" else None
         crashed = failure is not None and failure.crashed
         controller.notify(owner, Priority.FAILURE if crashed else Priority.ROUTINE)
+    if type == "DELETED":
+        memo.runtime.fleet.pod(uid, None)
     controller.pod_changed(uid, None if type == "DELETED" else body)
 
 
 def on_node_event(name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED":
+        memo.runtime.fleet.node(name, None)
     memo.controller.node_changed(name, None if type == "DELETED" else body)
 
 

@@ -32,7 +32,7 @@ from kvq.k8s.logs import read_log_tails
 from kvq.k8s.status import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 from kvq.observe.prometheus import PrometheusReader
-from kvq.placement.discovery import GpuPod, Reservation
+from kvq.placement.fleet import Fleet
 from kvq.render.autoscaling import SCALED_OBJECT_API, SCALED_OBJECT_KIND
 from kvq.render.routing import HTTP_ROUTE_API, INFERENCE_POOL_API
 from kvq.render.settings import RenderError, engine_image_and_version
@@ -50,8 +50,14 @@ class Runtime:
     metrics_reader: PrometheusReader | None = None
     """Engine metrics for status.metrics; None when the operator has no Prometheus."""
     memory: Memory = field(default_factory=Memory)
-    promises: Promises = field(default_factory=Promises)
+    fleet: Fleet = field(init=False)
+    """The cluster's GPU pools, fed by the watches (the operator's handlers)."""
+    promises: Promises = field(init=False)
     _served: dict[tuple[str, str], tuple[float, bool]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.fleet = Fleet(self.catalogs.gpus, tuple(self.config.pool_labels))
+        self.promises = Promises(self.fleet)
 
     def forget(self, key: tuple[str, str], uid: str) -> None:
         """What was kept for a deleted InferenceService: its promised GPUs, what the server
@@ -74,17 +80,14 @@ class Runtime:
 
 @dataclass(frozen=True)
 class Observed:
-    """One service's view of the watch caches, copied out before the reconcile runs."""
+    """One service's view of the watch caches, copied out before the reconcile runs (the
+    pools come from the runtime's Fleet when the pass decides)."""
 
     body: Mapping[str, Any]
     """The InferenceService (a detached copy)."""
-    nodes: Sequence[Mapping[str, Any]]
     pods: Sequence[Mapping[str, Any]]
-    gpu_pods: Sequence[GpuPod]
     owned: Sequence[Mapping[str, Any]]
     """Objects labelled with this service's name (any incarnation: filtered by owner uid)."""
-    reservations: Sequence[Reservation] = ()
-    """What every engine Deployment of kvq's asks of its pool."""
 
 
 @dataclass(frozen=True)
@@ -192,10 +195,8 @@ def _decide_valid(
     )
     snapshot = Snapshot(
         isvc=isvc,
-        nodes=observed.nodes,
+        nodes=(),  # the pools are the fleet's (Promises.decide)
         pods=observed.pods,
-        gpu_pods=observed.gpu_pods,
-        reservations=observed.reservations,
         deployment=deployment,
         now=now,
         catalogs=runtime.catalogs,

@@ -127,8 +127,8 @@ def discover_pools(
     for pod in gpu_pods:
         per_node = usage.setdefault(pod.node, {})
         per_node[pod.owner] = per_node.get(pod.owner, 0) + pod.gpus
-    facts = [_facts_of(node, tuple(pool_labels)) for node in nodes]
-    inventory = _grouped(facts, catalog)
+    facts = [facts_of(node, tuple(pool_labels)) for node in nodes]
+    inventory = grouped(facts, catalog)
     return _with_usage(inventory, usage, _promised(inventory, usage, reservations))
 
 
@@ -204,12 +204,13 @@ def reservation(deployment: Mapping[str, Any]) -> Reservation | None:
 # A fleet's decisions read the same few hundred nodes again and again: a node is read once
 # per resourceVersion, and the pools are grouped once per set of node readings (the last
 # one kept). The GPUs pods hold, which change with every rollout, are added per decision.
-_FACTS_LIMIT = 20_000
+_FACTS_LIMIT = 4096
 _facts_memo: dict[tuple[str, str, tuple[str, ...]], _NodeFacts | None] = {}
 _grouped_memo: dict[str, tuple[tuple[int, ...], list[_NodeFacts | None], Inventory]] = {}
 
 
-def _facts_of(node: Mapping[str, Any], pool_labels: tuple[str, ...]) -> _NodeFacts | None:
+def facts_of(node: Mapping[str, Any], pool_labels: tuple[str, ...]) -> _NodeFacts | None:
+    """What placement reads of a node (None: not a GPU node), once per resourceVersion."""
     meta = node.get("metadata") or {}
     version = meta.get("resourceVersion")
     if not version:
@@ -222,7 +223,8 @@ def _facts_of(node: Mapping[str, Any], pool_labels: tuple[str, ...]) -> _NodeFac
     return _facts_memo[key]
 
 
-def _grouped(facts: list[_NodeFacts | None], catalog: GpuCatalog) -> Inventory:
+def grouped(facts: list[_NodeFacts | None], catalog: GpuCatalog) -> Inventory:
+    """The pools these nodes make (by pool label, then GPU product), without usage."""
     # The entry holds its readings, so their ids cannot be reused while it is kept.
     key = (id(catalog), *map(id, facts))
     last = _grouped_memo.get("last")  # one read: reconciles run on several threads
@@ -264,7 +266,7 @@ def _with_usage(
     pools = tuple(
         replace(
             pool,
-            nodes=tuple(_used(node, usage.get(node.name)) for node in pool.nodes),
+            nodes=with_node_usage(pool.nodes, usage),
             promised=dict(promised.get(pool.name, {})),
         )
         if pool.name in promised or any(node.name in usage for node in pool.nodes)
@@ -272,6 +274,13 @@ def _with_usage(
         for pool in inventory.pools
     )
     return Inventory(pools, inventory.unknown)
+
+
+def with_node_usage(
+    nodes: Iterable[GpuNode], usage: Mapping[str, Mapping[OwnerKey | None, int]]
+) -> tuple[GpuNode, ...]:
+    """The nodes with the GPUs their bound pods hold."""
+    return tuple(_used(node, usage.get(node.name)) for node in nodes)
 
 
 def _used(node: GpuNode, used: Mapping[OwnerKey | None, int] | None) -> GpuNode:
