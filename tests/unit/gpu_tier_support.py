@@ -13,7 +13,7 @@ sys.path.insert(0, str(REPO / "e2e" / "gpu"))
 # H200 start-up log (the KV figures follow the dtype), serves /health, /metrics and
 # /v1/completions, and for fp8_e5m2 replays the captured crash and exits 1.
 FAKE_API_SERVER = r"""
-import argparse, http.server, json, os, re, sys, threading, time
+import argparse, http.server, json, os, re, sys, threading
 p = argparse.ArgumentParser()
 for flag in ("--model", "--served-model-name", "--port", "--kv-cache-dtype",
              "--tensor-parallel-size", "--gpu-memory-utilization", "--max-model-len",
@@ -32,11 +32,17 @@ head = log.split("Capturing CUDA graphs")[0]
 sys.stdout.write(head + "\nINFO:     Application startup complete.\n")
 sys.stdout.flush()
 running = [0]
+scrapes = [0]  # /metrics answers that counted a running request
+seen = threading.Condition()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             body = b""
         else:
+            with seen:
+                if running[0]:
+                    scrapes[0] += 1
+                    seen.notify_all()
             body = (
                 f'vllm:cache_config_info{{block_size="16",cache_dtype="{a.kv_cache_dtype}",'
                 f'num_gpu_blocks="{blocks}"}} 1.0\n'
@@ -46,11 +52,16 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.end_headers(); self.wfile.write(body)
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        running[0] += 1
-        time.sleep(0.3)  # a request's service time (not a wait): concurrent requests overlap
+        with seen:
+            running[0] += 1
+            # Answered once a /metrics scrape has counted it running (as a real engine's
+            # gauge would), within a deadline.
+            began = scrapes[0]
+            seen.wait_for(lambda: scrapes[0] > began, timeout=10)
         answer = {"usage": {"prompt_tokens": len(body["prompt"]),
                             "completion_tokens": body["max_tokens"]}}
-        running[0] -= 1
+        with seen:
+            running[0] -= 1
         data = json.dumps(answer).encode()
         self.send_response(200); self.end_headers(); self.wfile.write(data)
     def log_message(self, *args):

@@ -181,7 +181,7 @@ def test_a_whole_run_against_a_stand_in_engine(
     assert auto["capacity"]["measured_kv_tokens"] == 891_712
     assert auto["cache_config_info"]["num_gpu_blocks"] == 55_732
     assert auto["load"]["ok"] == 4 and auto["load"]["completion_tokens"] == 12
-    assert auto["load"]["peak_kv_usage"] is not None
+    assert auto["load"]["peak_kv_usage"] > 0  # the load was seen running
     assert e5m2["outcome"] == "crashed"
     assert e5m2["failure"]["exit_code"] == 1
     assert "kv_cache_dtype" in e5m2["failure"]["termination_message"]
