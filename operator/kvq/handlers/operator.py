@@ -36,7 +36,6 @@ from kvq.handlers.controller import (
     PassResult,
     owner_of,
 )
-from kvq.handlers.memory import limit_malloc_arenas
 from kvq.handlers.reconcile import Decided, Observed, Runtime, carry_out, decide_pass
 from kvq.handlers.slots import Priority
 from kvq.k8s.clients import Clients, load_api_client
@@ -329,7 +328,6 @@ def _on_loop(fn: Callable[..., Any]) -> Any:
 
 def run(options: RunOptions) -> None:
     """Serve metrics and run the operator until a signal stops it."""
-    limit_malloc_arenas()  # before the first thread
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # kopf reports every handler pass at INFO; that drowns kvq's own lines.
     logging.getLogger("kopf.objects").setLevel(logging.INFO if options.verbose else logging.WARNING)

@@ -54,6 +54,8 @@ class Fleet:
     _watched: dict[OwnerKey, dict[DeploymentKey, Reservation]] = field(
         default_factory=dict, repr=False
     )
+    _watched_owner: dict[DeploymentKey, OwnerKey] = field(default_factory=dict, repr=False)
+    """Which owner's reservation each watched Deployment is."""
     _promised: dict[OwnerKey, tuple[Reservation, ...]] = field(default_factory=dict, repr=False)
     _wanted: dict[str, dict[OwnerKey, int]] = field(default_factory=dict, repr=False)
     """Pool -> GPUs each owner's reservations ask of it."""
@@ -96,13 +98,16 @@ class Fleet:
     def deployment(self, key: DeploymentKey, found: Reservation | None) -> None:
         """What one of kvq's Deployments asks of its pool, as the watch shows it."""
         with self._lock:
-            owners = {r.owner for r in self._watched_at(key)}
-            for owner in owners:
-                self._watched[owner].pop(key, None)
-                if not self._watched[owner]:
-                    del self._watched[owner]
+            owners = set()
+            before = self._watched_owner.pop(key, None)
+            if before is not None:
+                owners.add(before)
+                self._watched[before].pop(key, None)
+                if not self._watched[before]:
+                    del self._watched[before]
             if found is not None:
                 self._watched.setdefault(found.owner, {})[key] = found
+                self._watched_owner[key] = found.owner
                 owners.add(found.owner)
             for owner in owners:
                 self._ask_again(owner)
@@ -145,9 +150,6 @@ class Fleet:
         if not held:
             del self._usage[pod.node]
         self._touch(self._pool_of.get(pod.node))
-
-    def _watched_at(self, key: DeploymentKey) -> list[Reservation]:
-        return [r for by_key in self._watched.values() for k, r in by_key.items() if k == key]
 
     def _effective(self, owner: OwnerKey) -> Iterable[Reservation]:
         if owner in self._promised:
