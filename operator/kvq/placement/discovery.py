@@ -209,17 +209,22 @@ _facts_memo: dict[tuple[str, str, tuple[str, ...]], _NodeFacts | None] = {}
 _grouped_memo: dict[str, tuple[tuple[int, ...], list[_NodeFacts | None], Inventory]] = {}
 
 
+def read_facts(node: Mapping[str, Any], pool_labels: tuple[str, ...]) -> _NodeFacts | None:
+    """What placement reads of a node (None: not a GPU node)."""
+    return _read_node(node, pool_labels, {})
+
+
 def facts_of(node: Mapping[str, Any], pool_labels: tuple[str, ...]) -> _NodeFacts | None:
-    """What placement reads of a node (None: not a GPU node), once per resourceVersion."""
+    """`read_facts`, once per resourceVersion (a fleet's decisions read the same nodes)."""
     meta = node.get("metadata") or {}
     version = meta.get("resourceVersion")
     if not version:
-        return _read_node(node, pool_labels, {})
+        return read_facts(node, pool_labels)
     key = (str(meta.get("name", "")), str(version), pool_labels)
     if key not in _facts_memo:
         if len(_facts_memo) >= _FACTS_LIMIT:
             _facts_memo.clear()
-        _facts_memo[key] = _read_node(node, pool_labels, {})
+        _facts_memo[key] = read_facts(node, pool_labels)
     return _facts_memo[key]
 
 

@@ -28,8 +28,8 @@ from kvq.placement.discovery import (
     GpuPod,
     Inventory,
     Reservation,
-    facts_of,
     grouped,
+    read_facts,
     with_node_usage,
 )
 from kvq.placement.pool import NodePool, OwnerKey
@@ -71,7 +71,9 @@ class Fleet:
     def node(self, name: str, body: Mapping[str, Any] | None) -> None:
         """A node was listed, changed (body) or deleted (None)."""
         with self._lock:
-            facts = facts_of(body, self.pool_labels) if body is not None else None
+            # Read once per event: each event brings a new resourceVersion, so discovery's
+            # memo (facts_of) would only hold readings nobody asks for again.
+            facts = read_facts(body, self.pool_labels) if body is not None else None
             before = self._facts.get(name, _ABSENT)
             if body is None:
                 self._facts.pop(name, None)
