@@ -68,3 +68,24 @@ def test_a_promoted_pass_sends_its_later_writes_urgently_until_it_settles() -> N
     for future in (busy, later, other, after):
         future.result(timeout=DEADLINE_S)
     assert order == ["a's status", "a new service's Deployment", "a's next routine pass"]
+
+
+def test_a_deployment_goes_out_on_a_reserved_writer_while_the_shared_ones_are_busy() -> None:
+    writers = Writers(1, reserved=1)
+    order: list[str] = []
+    gate, held = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        gate.wait(DEADLINE_S)
+
+    busy = writers.submit(1, 1, hold)
+    assert held.wait(DEADLINE_S)  # the only shared writer is busy
+    status = writers.submit(0, 1, lambda: order.append("an urgent status write"))
+    deployment = writers.submit(1, 0, lambda: order.append("a new service's Deployment"))
+    deployment.result(timeout=DEADLINE_S)  # while the shared writer is still held
+    gate.set()
+    for future in (busy, status):
+        future.result(timeout=DEADLINE_S)
+    # The reserved writer never took the (more urgent) status write: it is the shared one's.
+    assert order == ["a new service's Deployment", "an urgent status write"]

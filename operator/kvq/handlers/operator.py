@@ -39,7 +39,7 @@ from kvq.handlers.controller import (
 from kvq.handlers.reconcile import Decided, Observed, Runtime, carry_out, decide_pass
 from kvq.handlers.slots import Priority
 from kvq.k8s.clients import Clients, load_api_client
-from kvq.k8s.executor import WRITES
+from kvq.k8s.executor import promote_writes
 from kvq.metrics import serve_metrics
 from kvq.observe.prometheus import PrometheusReader, min_query_gap, without_credentials
 from kvq.placement.discovery import DEFAULT_POOL_LABELS
@@ -104,6 +104,10 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     settings.persistence.diffbase_storage = EssenceFree(prefix=keys.GROUP)
     # kopf keeps a finalizer while a daemon runs on the object; the marker is kvq's own key.
     settings.persistence.finalizer = keys.FINALIZER
+    # kopf holds each object's event 0.1 s for more before handling it; kvq's handlers only
+    # signal, and the controller coalesces routine passes itself, so a new service's first
+    # pass need not wait (a tenth of its time to a Deployment at 100 services: make bench).
+    settings.batching.batch_window = 0.01
     settings.background.instant_exit_timeout = 0.5
     settings.background.cancellation_polling = 1.0
     options: RunOptions = memo.get("options") or RunOptions()
@@ -140,7 +144,7 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
         metrics_reader=_metrics_reader(options, config),
     )
     controller.on_gone = memo.runtime.forget
-    controller.promote_writes = WRITES.promote
+    controller.promote_writes = promote_writes
 
 
 def on_cleanup(memo: kopf.Memo, **_: Any) -> None:

@@ -7,15 +7,18 @@ it, so an operator killed in between resumes the move rather than undoing it. Th
 of one plan are independent (the API server takes them in any order: a pod waits for its
 ConfigMap or claim), so they are applied side by side, as are the events. Every write goes
 through one small pool of writers, most urgent pass first: a crashed engine's fallback and
-a new service's Deployment do not wait behind a fleet's routine status updates.
+a new service's Deployment do not wait behind a fleet's routine status updates. Some of
+the writers send only Deployments, and Services have writers of their own, so neither a
+burst's ConfigMaps and status writes nor its Service creates (each allocates a cluster IP)
+hold up the next Deployment.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -36,9 +39,18 @@ log = logging.getLogger("kvq.executor")
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Requests kvq has in flight at once: the API server serves them in its own order, so a
-# longer line would be queued there, where an urgent write cannot pass a routine one.
+# Writes of any kind kvq has in flight at once: the API server serves them in its own
+# order, so a longer line would be queued there, where an urgent write cannot pass a
+# routine one.
 WRITERS = 32
+# A Service create costs the API server several times a ConfigMap's (it allocates a
+# cluster IP: an IPAddress object), so Services have writers of their own: on the shared
+# ones, a burst's Service creates took 1.7 s each and held most writers while the
+# Deployments behind them waited (make bench, 100 services).
+SERVICE_WRITERS = 8
+# Writers only for Deployments, beside the shared ones: a burst of 100 new services
+# arrives faster than 32 writers, busy with its ConfigMaps and status writes, free up.
+DEPLOYMENT_WRITERS = 16
 # Within one urgency, what a person or a pod waits for first: the engine's Deployment (it
 # starts scheduling and pulling), then the other objects and status in the order they
 # come, then Events (which no pass waits for).
@@ -55,18 +67,30 @@ class _Write:
     queued: float = field(default_factory=time.monotonic)
 
 
+_Entry = tuple[int, int, int, _Write]
+
+
 class Writers:
     """Threads that send API writes, the most urgent (lowest urgency, then kind) first,
-    then in the order they came. A waiting write can be moved up (`promote`)."""
+    then in the order they came. A waiting write can be moved up (`promote`).
 
-    def __init__(self, size: int) -> None:
+    `reserved` more threads send only writes of kind 0 (a Deployment): the others may all be
+    busy with a burst's status writes and ConfigMaps, each held for the API server's
+    latency, when a new service's Deployment comes."""
+
+    def __init__(self, size: int, reserved: int = 0) -> None:
         self._size = size
-        self._queue: queue.PriorityQueue[tuple[int, int, int, _Write]] = queue.PriorityQueue()
+        self._reserved = reserved
+        # Kind 0 apart from the rest, so that a reserved thread finds its writes at once.
+        self._first: list[_Entry] = []
+        self._rest: list[_Entry] = []
         self._order = itertools.count()
         self._pending: dict[Hashable, set[_Write]] = {}
         self._floor: dict[Hashable, int] = {}
         """The urgency a key's writes have been moved up to, for writes still to come."""
         self._lock = threading.Lock()
+        self._any = threading.Condition(self._lock)
+        self._only_first = threading.Condition(self._lock)
         self._started = False
 
     def submit(
@@ -80,7 +104,7 @@ class Writers:
             write = _Write(work, Future(), key, urgency, kind)
             if key is not None:
                 self._pending.setdefault(key, set()).add(write)
-            self._queue.put((urgency, kind, next(self._order), write))
+            self._put(write)
         return write.done
 
     def promote(self, key: Hashable, urgency: int) -> None:
@@ -92,28 +116,50 @@ class Writers:
             for write in self._pending.get(key, ()):
                 if urgency < write.urgency:
                     write.urgency = urgency
-                    self._queue.put((urgency, write.kind, next(self._order), write))
+                    self._put(write)
 
     def settle(self, key: Hashable) -> None:
         """`key`'s pass is over: its next one sends with its own urgency."""
         with self._lock:
             self._floor.pop(key, None)
 
+    def _put(self, write: _Write) -> None:
+        entry = (write.urgency, write.kind, next(self._order), write)
+        heapq.heappush(self._first if write.kind == 0 else self._rest, entry)
+        self._any.notify()
+        if write.kind == 0:
+            self._only_first.notify()
+
     def _start(self) -> None:
         with self._lock:
             if self._started:
                 return
-            for index in range(self._size):
+            for index in range(self._size + self._reserved):
+                only_first = index >= self._size
                 name = f"kvq-write_{index}"
-                threading.Thread(target=self._serve, name=name, daemon=True).start()
+                threading.Thread(
+                    target=self._serve, args=(only_first,), name=name, daemon=True
+                ).start()
             self._started = True
 
-    def _serve(self) -> None:
+    def _take(self, only_first: bool) -> _Write | None:
+        """The most urgent write not yet taken (lock held)."""
         while True:
-            *_, write = self._queue.get()
+            heaps = [h for h in ((self._first,) if only_first else (self._first, self._rest)) if h]
+            if not heaps:
+                return None
+            *_, write = heapq.heappop(min(heaps, key=lambda h: h[0][:3]))
+            if not (write.done.running() or write.done.done()):
+                return write  # else taken already by its other entry
+
+    def _serve(self, only_first: bool) -> None:
+        ready = self._only_first if only_first else self._any
+        while True:
             with self._lock:
-                if write.done.running() or write.done.done():
-                    continue  # taken already by its other entry
+                write = self._take(only_first)
+                while write is None:
+                    ready.wait()
+                    write = self._take(only_first)
                 write.done.set_running_or_notify_cancel()
                 if write.key is not None:
                     waiting = self._pending.get(write.key)
@@ -130,7 +176,26 @@ class Writers:
                 write.done.set_exception(error)
 
 
-WRITES = Writers(WRITERS)
+WRITES = Writers(WRITERS, reserved=DEPLOYMENT_WRITERS)
+SERVICE_WRITES = Writers(SERVICE_WRITERS)
+_LANES = (WRITES, SERVICE_WRITES)
+
+
+def _writers(kind: str) -> Writers:
+    return SERVICE_WRITES if kind == "Service" else WRITES
+
+
+def promote_writes(key: Hashable, urgency: int) -> None:
+    """`key`'s writes waiting for a writer, and those it sends until `settle_writes`, go
+    with `urgency` if that is more urgent."""
+    for writers in _LANES:
+        writers.promote(key, urgency)
+
+
+def settle_writes(key: Hashable) -> None:
+    """`key`'s pass is over: its next one sends with its own urgency."""
+    for writers in _LANES:
+        writers.settle(key)
 
 
 async def _each(
@@ -139,10 +204,11 @@ async def _each(
     kind: Callable[[T], int],
     urgency: int,
     key: Hashable | None,
+    lane: Callable[[T], Writers] = lambda _: WRITES,
 ) -> list[R]:
-    """`work` on every item, side by side in the writers' order; results in order, the
-    first error raised."""
-    futures = [WRITES.submit(urgency, kind(item), partial(work, item), key) for item in items]
+    """`work` on every item, side by side in the writers' order (on the writers `lane`
+    picks); results in order, the first error raised."""
+    futures = [lane(item).submit(urgency, kind(item), partial(work, item), key) for item in items]
     return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
 
@@ -216,6 +282,7 @@ async def execute(
             lambda manifest: _DEPLOYMENT if manifest["kind"] == "Deployment" else _OBJECT,
             urgency,
             key,
+            lambda manifest: _writers(manifest["kind"]),
         )
         for result in results:
             (applied if result.written else unchanged).append(f"{result.kind}/{result.name}")
@@ -226,6 +293,7 @@ async def execute(
             lambda _: _OBJECT,
             urgency,
             key,
+            lambda pair: _writers(pair[0].kind),
         )
         pairs = zip(gone, removed, strict=True)
         deleted += [f"{ref.kind}/{ref.name}" for (ref, _), yes in pairs if yes]
