@@ -388,6 +388,54 @@ def test_a_pass_retried_after_a_conflict_keeps_its_priority() -> None:
     assert asyncio.run(scenario()) == [Priority.CHANGE, Priority.CHANGE]
 
 
+async def _passes_after(controller: Controller, script: Any, count: int) -> list[int]:
+    """Serve one service, run `script(notify)` once its first pass is done, and return the
+    urgencies of its first `count` passes."""
+    controller.start()
+    key = ("a", "llama")
+    urgencies: list[int] = []
+
+    async def carry_out(_: None, urgency: int) -> PassResult:
+        urgencies.append(urgency)
+        return PassResult()
+
+    daemon = asyncio.create_task(
+        controller.serve(key, lambda: None, lambda observed: observed, carry_out)
+    )
+    await until(lambda: len(urgencies) == 1, "the first pass")
+    await script(lambda priority: controller.notify(key, priority), urgencies)
+    await until(lambda: len(urgencies) >= count, f"{count} passes")
+    daemon.cancel()
+    await asyncio.gather(daemon, return_exceptions=True)
+    controller.stop()
+    return urgencies
+
+
+def test_a_burst_of_routine_events_becomes_one_pass() -> None:
+    async def burst(notify: Any, urgencies: list[int]) -> None:
+        for _ in range(5):  # a rollout's pod and Deployment events, 50 ms apart
+            notify(Priority.ROUTINE)
+            await asyncio.sleep(0.05)
+        await until(lambda: len(urgencies) == 2, "the routine pass")
+        notify(Priority.FAILURE)
+
+    # A 2 s window: the 0.25 s burst falls inside it on a busy machine too.
+    urgencies = asyncio.run(_passes_after(Controller(coalesce=2.0), burst, 3))
+    assert urgencies == [Priority.CHANGE, Priority.ROUTINE, Priority.FAILURE]
+
+
+def test_a_crash_does_not_wait_for_routine_events_to_settle() -> None:
+    async def crash(notify: Any, urgencies: list[int]) -> None:
+        notify(Priority.ROUTINE)
+        await until(lambda: bool(controller.settling), "the loop to wait for more (a minute)")
+        notify(Priority.FAILURE)
+
+    # Within the deadline of `until` (10 s), not after the minute.
+    controller = Controller(coalesce=60)
+    urgencies = asyncio.run(_passes_after(controller, crash, 2))
+    assert urgencies == [Priority.CHANGE, Priority.FAILURE]
+
+
 def test_a_crash_while_its_pass_waits_moves_that_pass_up_instead_of_queueing_another() -> None:
     async def scenario() -> tuple[list[str], bool]:
         controller = Controller(workers=1)

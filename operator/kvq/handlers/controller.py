@@ -6,7 +6,9 @@ signal, then runs one reconcile in a worker thread. Signals come from watch even
 InferenceService itself, its pods and owned objects, and nodes or GPU pods that change a
 pool the service runs on or waits for. A slow resync (minutes) is the safety net; a
 decision that depends on time (a grace period, a back-off, metrics) asks for its own next
-pass. A pass decides, then carries its plan out: at most `workers` decide and CARRYING
+pass. A routine wake-up waits COALESCE_SECONDS for more events (a rollout's pod and
+Deployment events become one pass); a crash, a spec change or a deletion cuts the wait
+short. A pass decides, then carries its plan out: at most `workers` decide and CARRYING
 carry out at once, each stage admitting by priority (a crashed engine first, then a new
 service or a spec change, then in arrival order: kvq.handlers.slots), and the plans'
 writes are sent by the executor's writers in the same order of urgency, so new decisions
@@ -45,6 +47,10 @@ DEFAULT_WORKERS = 16
 # bench); bounded so that a rollout does not hold a plan (about 50 KB) for every service.
 CARRYING = 1024
 
+# A routine wake-up (an owned object's or a pod's status moving) waits this long for more
+# before its pass: a rollout's burst of pod and Deployment events becomes one pass and one
+# status write, not one per event. A crash, a spec change or a deletion never waits.
+COALESCE_SECONDS = 2.0
 # A stale view (409) is redone soon: the watch has the newer object by then.
 CONFLICT_RETRY_SECONDS = 0.5
 # Unexpected errors back off per service: 1 s, 2 s, 4 s, ... at most 5 min.
@@ -87,6 +93,11 @@ class Controller:
     _gpu_pods: dict[str, GpuPod | None] = field(default_factory=dict)
     _priority: dict[EngineKey, Priority] = field(default_factory=dict)
     """The most urgent reason each waiting service has for its next pass."""
+    _urgent: dict[EngineKey, asyncio.Event] = field(default_factory=dict)
+    """Set when a service's pass should not wait any longer for more events."""
+    coalesce: float = COALESCE_SECONDS
+    settling: set[EngineKey] = field(default_factory=set)
+    """Services whose loop waits for more routine events before its pass."""
     _seen: dict[EngineKey, tuple[Any, ...]] = field(default_factory=dict)
     _incarnations: dict[EngineKey, str] = field(default_factory=dict)
     """The uid each key's loop serves: a service deleted and created again under its name
@@ -132,6 +143,13 @@ class Controller:
             self.promote_writes(key, int(priority))
         self._priority[key] = min(priority, self._priority.get(key, Priority.ROUTINE))
         signal.set()
+        if priority < Priority.ROUTINE:
+            self._hurry(key)
+
+    def _hurry(self, key: EngineKey) -> None:
+        urgent = self._urgent.get(key)
+        if urgent is not None:
+            urgent.set()
 
     def notify_many(self, keys_: Iterable[EngineKey]) -> None:
         for key in keys_:
@@ -146,6 +164,7 @@ class Controller:
         signal = self._signals.get(key)
         if signal is not None:
             signal.set()
+            self._hurry(key)
 
     def isvc_changed(self, key: EngineKey, body: Mapping[str, Any]) -> None:
         """An InferenceService event: its spec, metadata or deletion, not its status (what
@@ -224,6 +243,7 @@ class Controller:
             self.deleted(key, older)  # its loop ends; this one takes the key over
         self._incarnations[key] = uid
         signal = self._signals[key] = asyncio.Event()
+        urgent = self._urgent[key] = asyncio.Event()
         signal.set()  # the first pass at once, ahead of routine passes
         self._priority[key] = Priority.CHANGE
         self._changed_at.setdefault(key, time.monotonic())
@@ -233,8 +253,12 @@ class Controller:
             while True:
                 timeout = min(wait, self.resync.total_seconds()) if wait else None
                 timeout = timeout if timeout is not None else self.resync.total_seconds()
+                signalled = False
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(signal.wait(), timeout=timeout)
+                    signalled = await asyncio.wait_for(signal.wait(), timeout=timeout)
+                if signalled:
+                    await self._coalesce(key, urgent)
+                urgent.clear()
                 if uid in self._gone:
                     return
                 signal.clear()
@@ -263,6 +287,16 @@ class Controller:
                     self.on_gone(key, uid)
             if self._incarnations.get(key) == uid:
                 self._forget(key)
+
+    async def _coalesce(self, key: EngineKey, urgent: asyncio.Event) -> None:
+        """Woken by routine events only: wait a little for more (a timer's pass is due now,
+        and a crash, a spec change or a deletion sets `urgent`)."""
+        if self.coalesce <= 0 or self._priority.get(key, Priority.ROUTINE) is not Priority.ROUTINE:
+            return
+        self.settling.add(key)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(urgent.wait(), timeout=self.coalesce)
+        self.settling.discard(key)
 
     async def _run(
         self,
@@ -311,6 +345,8 @@ class Controller:
     def _forget(self, key: EngineKey) -> None:
         self._incarnations.pop(key, None)
         self._signals.pop(key, None)
+        self._urgent.pop(key, None)
+        self.settling.discard(key)
         self._changed_at.pop(key, None)
         self._pools.pop(key, None)
         self._watchers.discard(key)
