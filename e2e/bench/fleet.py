@@ -4,9 +4,12 @@ A local control plane with the `fleet` profile (500 KWOK GPU nodes in four pools
 operator as a ServiceAccount (so the API server's own flow-control metrics count its
 requests apart from the harness's), then InferenceServices in two waves: 100 (the
 create-to-Deployment latency at 100 services), then the rest to 1,000 (time to all Ready).
-Five percent of them run on a simulated GPU that refuses the fp8 KV cache, so kvq falls back
-at run time (the fallback latency). Then a minute at rest: API requests per second that kvq
-makes (apiserver_flowcontrol_dispatched_requests_total of its FlowSchema), its RSS and CPU.
+Create-to-Deployment runs from the create request's answer (the API server holds the
+object) to the harness's watch seeing the Deployment; it is also printed from the request
+sent. Five percent of them run on a simulated GPU that refuses the fp8 KV cache, so kvq
+falls back at run time (the fallback latency). Then a minute at rest: API requests per
+second that kvq makes (apiserver_flowcontrol_dispatched_requests_total of its FlowSchema),
+its RSS and CPU.
 
     python -m e2e.bench.fleet [--services 1000] [--nodes 500] [--first-wave 100]
 
@@ -68,7 +71,10 @@ GOALS = {
 class Timeline:
     """When things happened (monotonic seconds), by InferenceService name."""
 
+    requested: dict[str, float] = field(default_factory=dict)
+    """The create request sent."""
     created: dict[str, float] = field(default_factory=dict)
+    """The create request answered: the API server holds the object, kvq can see it."""
     deployed: dict[str, float] = field(default_factory=dict)
     ready: dict[str, float] = field(default_factory=dict)
     crashed: dict[str, float] = field(default_factory=dict)
@@ -88,6 +94,8 @@ class Results:
     load_average: list[float]
     first_wave_ready_s: float | None = None
     create_to_deployment_at_100_s: dict[str, float] = field(default_factory=dict)
+    request_to_deployment_at_100_s: dict[str, float] = field(default_factory=dict)
+    """The same from the create request sent: with the API server's own create latency."""
     all_ready_s: float | None = None
     ready_count: int = 0
     create_to_deployment_at_1000_s: dict[str, float] = field(default_factory=dict)
@@ -304,6 +312,7 @@ def _run_waves(kube: Kube, args: argparse.Namespace, results: Results) -> None:
     _create(kube, first, timeline)
     results.first_wave_ready_s = _wait_ready(timeline, first, began, args.deadline)
     results.create_to_deployment_at_100_s = _latency(timeline.created, timeline.deployed, first)
+    results.request_to_deployment_at_100_s = _latency(timeline.requested, timeline.deployed, first)
     print(f"  wave 1: {len(first)} services, all Ready in {results.first_wave_ready_s} s",
           flush=True)  # fmt: skip
 
@@ -341,8 +350,9 @@ def _create(kube: Kube, names: list[str], timeline: Timeline) -> None:
             "metadata": {"name": name},
             "spec": spec,
         }
-        timeline.mark(timeline.created, name)
+        timeline.mark(timeline.requested, name)
         kube.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+        timeline.mark(timeline.created, name)
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(one, names))
@@ -525,6 +535,8 @@ def _print(results: Results) -> None:
         ("create -> Deployment at 100", _fmt(results.create_to_deployment_at_100_s),
          f"p95 < {GOALS['create_to_deployment_p95_at_100_s']:.0f} s",
          mark("create_to_deployment_p95_at_100_s")),
+        ("  the same from the create request", _fmt(results.request_to_deployment_at_100_s),
+         "", ""),
         ("create -> Deployment at 1000", _fmt(results.create_to_deployment_at_1000_s), "", ""),
         ("fallback (crash seen -> auto Deployment)",
          f"{_fmt(results.fallback_s)} ({results.fallbacks} fallbacks)",
