@@ -316,16 +316,20 @@ def _run_waves(kube: Kube, args: argparse.Namespace, results: Results) -> None:
     print(f"  wave 1: {len(first)} services, all Ready in {results.first_wave_ready_s} s",
           flush=True)  # fmt: skip
 
-    began = time.monotonic()
-    _create(kube, rest, timeline)
-    results.all_ready_s = _wait_ready(timeline, names, began, args.deadline)
+    if rest:
+        began = time.monotonic()
+        _create(kube, rest, timeline)
+        results.all_ready_s = _wait_ready(timeline, names, began, args.deadline)
+    else:  # the whole fleet was the first wave (--first-wave equal to --services)
+        results.all_ready_s = results.first_wave_ready_s
     results.ready_count = sum(1 for n in names if n in timeline.ready)
     results.create_to_deployment_at_1000_s = _latency(timeline.created, timeline.deployed, rest)
     rejecting = [n for i, n in enumerate(names) if i % REJECT_EVERY == REJECT_EVERY - 1]
     results.fallbacks = sum(1 for n in rejecting if n in timeline.fell_back)
     results.fallback_s = _latency(timeline.crashed, timeline.fell_back, rejecting)
-    print(f"  wave 2: {len(rest)} more, {results.ready_count}/{len(names)} Ready in "
-          f"{results.all_ready_s} s", flush=True)  # fmt: skip
+    if rest:
+        print(f"  wave 2: {len(rest)} more, {results.ready_count}/{len(names)} Ready in "
+              f"{results.all_ready_s} s", flush=True)  # fmt: skip
     stop.set()
 
 
@@ -523,6 +527,11 @@ def _judge(results: Results) -> None:
     }
 
 
+def _second_wave(results: Results) -> str:
+    more = results.services - results.first_wave
+    return f"wave 2 of {more}" if more else "from the first wave's apply: no wave 2"
+
+
 def _print(results: Results) -> None:
     def mark(key: str) -> str:
         return "PASS" if results.verdicts[key] else "MISS"
@@ -530,7 +539,7 @@ def _print(results: Results) -> None:
     load = ", ".join(f"{x:.1f}" for x in results.load_average)
     rows = [
         ("apply -> all Ready", f"{results.all_ready_s} s ({results.ready_count}/"
-         f"{results.services} Ready; wave 2 of {results.services - results.first_wave})",
+         f"{results.services} Ready; {_second_wave(results)})",
          f"<= {GOALS['all_ready_s']:.0f} s", mark("all_ready_s")),
         ("create -> Deployment at 100", _fmt(results.create_to_deployment_at_100_s),
          f"p95 < {GOALS['create_to_deployment_p95_at_100_s']:.0f} s",
