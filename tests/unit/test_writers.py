@@ -1,31 +1,52 @@
-"""The executor's writers: the most urgent write first, then by kind, then in order; a
-write moved up while it waits runs once, at its new place."""
+"""The executor's writers: the most urgent write first, then by rank (a Deployment, other
+objects and status, an Event), then in order; a write moved up while it waits runs once,
+at its new place; crews that take some kinds only."""
 
 from __future__ import annotations
 
 import threading
 
-from kvq.k8s.executor import Writers
+import pytest
+
+from kvq.k8s.executor import ANY_KIND, Crew, Writers
 
 DEADLINE_S = 10.0
+STATUS = "InferenceService"  # a status write's kind
+
+
+def one_writer() -> Writers:
+    return Writers({"shared": Crew(1, ("Deployment", ANY_KIND))})
+
+
+def held(writers: Writers, kind: str) -> threading.Event:
+    """A write of `kind` that holds its writer until the returned gate opens."""
+    gate, holding = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(DEADLINE_S)
+
+    writers.submit(1, kind, hold)
+    assert holding.wait(DEADLINE_S)
+    return gate
 
 
 def test_urgent_writes_go_first_and_a_promoted_write_runs_once() -> None:
-    writers = Writers(1)
+    writers = one_writer()
     order: list[str] = []
     gate = threading.Event()
-    busy = writers.submit(2, 0, lambda: gate.wait(DEADLINE_S))  # holds the only writer
+    busy = writers.submit(2, "Deployment", lambda: gate.wait(DEADLINE_S))  # the only writer
 
     def write(name: str) -> str:
         order.append(name)
         return name
 
-    routine = writers.submit(2, 2, lambda: write("status of a routine pass"), key="a")
+    routine = writers.submit(2, STATUS, lambda: write("status of a routine pass"), key="a")
     queued = [
-        writers.submit(2, 0, lambda: write("routine Deployment")),
-        writers.submit(1, 2, lambda: write("status of a new service")),
-        writers.submit(1, 0, lambda: write("Deployment of a new service")),
-        writers.submit(0, 3, lambda: write("event of a crashed engine's fallback")),
+        writers.submit(2, "Deployment", lambda: write("routine Deployment")),
+        writers.submit(1, STATUS, lambda: write("status of a new service")),
+        writers.submit(1, "Deployment", lambda: write("Deployment of a new service")),
+        writers.submit(0, "Event", lambda: write("event of a crashed engine's fallback")),
     ]
     writers.promote("a", 0)  # its engine crashed while the write waited
     writers.promote("a", 2)  # never moved down
@@ -34,7 +55,7 @@ def test_urgent_writes_go_first_and_a_promoted_write_runs_once() -> None:
         future.result(timeout=DEADLINE_S)
 
     assert order == [
-        "status of a routine pass",  # urgency 0 now, and of a lower kind than the event
+        "status of a routine pass",  # urgency 0 now, and of a lower rank than the event
         "event of a crashed engine's fallback",
         "Deployment of a new service",
         "status of a new service",
@@ -44,48 +65,69 @@ def test_urgent_writes_go_first_and_a_promoted_write_runs_once() -> None:
 
 
 def test_an_error_reaches_the_waiting_pass() -> None:
-    writers = Writers(2)
+    writers = one_writer()
 
     def refused() -> None:
         raise RuntimeError("409 Conflict")
 
-    future = writers.submit(1, 0, refused)
+    future = writers.submit(1, "Deployment", refused)
     error = future.exception(timeout=DEADLINE_S)
     assert isinstance(error, RuntimeError) and "409" in str(error)
 
 
 def test_a_promoted_pass_sends_its_later_writes_urgently_until_it_settles() -> None:
-    writers = Writers(1)
+    writers = one_writer()
     order: list[str] = []
     gate = threading.Event()
-    busy = writers.submit(2, 0, lambda: gate.wait(DEADLINE_S))
+    busy = writers.submit(2, "Deployment", lambda: gate.wait(DEADLINE_S))
     writers.promote("a", 0)  # crashed while its pass ran: its next writes are urgent too
-    later = writers.submit(2, 1, lambda: order.append("a's status"), key="a")
-    other = writers.submit(1, 0, lambda: order.append("a new service's Deployment"))
+    later = writers.submit(2, STATUS, lambda: order.append("a's status"), key="a")
+    other = writers.submit(1, "Deployment", lambda: order.append("a new service's Deployment"))
     writers.settle("a")
-    after = writers.submit(2, 1, lambda: order.append("a's next routine pass"), key="a")
+    after = writers.submit(2, STATUS, lambda: order.append("a's next routine pass"), key="a")
     gate.set()
     for future in (busy, later, other, after):
         future.result(timeout=DEADLINE_S)
     assert order == ["a's status", "a new service's Deployment", "a's next routine pass"]
 
 
-def test_a_deployment_goes_out_on_a_reserved_writer_while_the_shared_ones_are_busy() -> None:
-    writers = Writers(1, reserved=1)
+def test_a_deployment_goes_out_on_its_own_crew_while_the_shared_writers_are_busy() -> None:
+    writers = Writers(
+        {
+            "shared": Crew(1, ("Deployment", ANY_KIND)),
+            "deployments": Crew(1, ("Deployment",)),
+        }
+    )
     order: list[str] = []
-    gate, held = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        held.set()
-        gate.wait(DEADLINE_S)
-
-    busy = writers.submit(1, 1, hold)
-    assert held.wait(DEADLINE_S)  # the only shared writer is busy
-    status = writers.submit(0, 1, lambda: order.append("an urgent status write"))
-    deployment = writers.submit(1, 0, lambda: order.append("a new service's Deployment"))
+    gate = held(writers, "ConfigMap")  # the only shared writer
+    status = writers.submit(0, STATUS, lambda: order.append("an urgent status write"))
+    deployment = writers.submit(1, "Deployment", lambda: order.append("a new Deployment"))
     deployment.result(timeout=DEADLINE_S)  # while the shared writer is still held
     gate.set()
-    for future in (busy, status):
-        future.result(timeout=DEADLINE_S)
-    # The reserved writer never took the (more urgent) status write: it is the shared one's.
-    assert order == ["a new service's Deployment", "an urgent status write"]
+    status.result(timeout=DEADLINE_S)
+    # The Deployments' writer never took the (more urgent) status write.
+    assert order == ["a new Deployment", "an urgent status write"]
+
+
+def test_services_wait_for_their_own_crew_and_never_hold_a_shared_writer() -> None:
+    writers = Writers(
+        {
+            "shared": Crew(1, ("Deployment", ANY_KIND)),
+            "services": Crew(1, ("Service",)),
+        }
+    )
+    order: list[str] = []
+    gate = held(writers, "Service")  # the only Service writer
+    service = writers.submit(1, "Service", lambda: order.append("the next Service"))
+    config_map = writers.submit(2, "ConfigMap", lambda: order.append("a routine ConfigMap"))
+    config_map.result(timeout=DEADLINE_S)  # the shared writer is free for the rest
+    assert order == ["a routine ConfigMap"]  # the Service waits for its own crew
+    gate.set()
+    service.result(timeout=DEADLINE_S)
+    assert order == ["a routine ConfigMap", "the next Service"]
+
+
+def test_a_kind_no_crew_takes_is_refused_at_once() -> None:
+    writers = Writers({"services": Crew(1, ("Service",))})
+    with pytest.raises(ValueError, match="no writer takes ConfigMap writes"):
+        writers.submit(1, "ConfigMap", lambda: None)

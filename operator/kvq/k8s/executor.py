@@ -51,10 +51,15 @@ SERVICE_WRITERS = 8
 # Writers only for Deployments, beside the shared ones: a burst of 100 new services
 # arrives faster than 32 writers, busy with its ConfigMaps and status writes, free up.
 DEPLOYMENT_WRITERS = 16
+# The queue of every kind no crew names.
+ANY_KIND = "*"
 # Within one urgency, what a person or a pod waits for first: the engine's Deployment (it
 # starts scheduling and pulling), then the other objects and status in the order they
 # come, then Events (which no pass waits for).
-_DEPLOYMENT, _OBJECT, _STATUS, _EVENT = 0, 1, 1, 2
+_RANKS = {"Deployment": 0, "Event": 2}
+_OTHER_RANK = 1
+# A status write's kind: the InferenceService's status subresource.
+_STATUS = "InferenceService"
 
 
 @dataclass(eq=False)
@@ -63,45 +68,59 @@ class _Write:
     done: Future[Any]
     key: Hashable | None
     urgency: int
-    kind: int
+    queue: str
+    rank: int
     queued: float = field(default_factory=time.monotonic)
 
 
 _Entry = tuple[int, int, int, _Write]
 
 
+@dataclass(frozen=True)
+class Crew:
+    """Writer threads that take writes of some kinds only (ANY_KIND: every kind that no
+    crew names), the most urgent of those first."""
+
+    threads: int
+    kinds: tuple[str, ...]
+
+
 class Writers:
-    """Threads that send API writes, the most urgent (lowest urgency, then kind) first,
-    then in the order they came. A waiting write can be moved up (`promote`).
+    """Threads that send API writes, the most urgent (lowest urgency, then rank: a
+    Deployment, other objects and status, an Event) first, then in the order they came. A
+    waiting write can be moved up (`promote`).
 
-    `reserved` more threads send only writes of kind 0 (a Deployment): the others may all be
-    busy with a burst's status writes and ConfigMaps, each held for the API server's
-    latency, when a new service's Deployment comes."""
+    Each write waits in its kind's queue (or ANY_KIND's), which only some crews take
+    from: a crew of their own keeps Service creates off the shared writers, and one that
+    takes only Deployments sends a new service's Deployment while every shared writer is
+    held by a burst's status writes and ConfigMaps."""
 
-    def __init__(self, size: int, reserved: int = 0) -> None:
-        self._size = size
-        self._reserved = reserved
-        # Kind 0 apart from the rest, so that a reserved thread finds its writes at once.
-        self._first: list[_Entry] = []
-        self._rest: list[_Entry] = []
+    def __init__(self, crews: Mapping[str, Crew]) -> None:
+        self._crews = dict(crews)
+        self._queues: dict[str, list[_Entry]] = {
+            kind: [] for crew in crews.values() for kind in crew.kinds
+        }
         self._order = itertools.count()
         self._pending: dict[Hashable, set[_Write]] = {}
         self._floor: dict[Hashable, int] = {}
         """The urgency a key's writes have been moved up to, for writes still to come."""
         self._lock = threading.Lock()
-        self._any = threading.Condition(self._lock)
-        self._only_first = threading.Condition(self._lock)
+        self._ready = {name: threading.Condition(self._lock) for name in crews}
         self._started = False
 
     def submit(
-        self, urgency: int, kind: int, work: Callable[[], R], key: Hashable | None = None
+        self, urgency: int, kind: str, work: Callable[[], R], key: Hashable | None = None
     ) -> Future[R]:
+        """`work` (a write of `kind`: a Kubernetes kind) queued; its result when sent."""
         if not self._started:
             self._start()
+        queue = kind if kind in self._queues and kind != ANY_KIND else ANY_KIND
+        if queue not in self._queues:
+            raise ValueError(f"no writer takes {kind} writes")
         with self._lock:
             if key is not None:
                 urgency = min(urgency, self._floor.get(key, urgency))
-            write = _Write(work, Future(), key, urgency, kind)
+            write = _Write(work, Future(), key, urgency, queue, _RANKS.get(kind, _OTHER_RANK))
             if key is not None:
                 self._pending.setdefault(key, set()).add(write)
             self._put(write)
@@ -124,42 +143,42 @@ class Writers:
             self._floor.pop(key, None)
 
     def _put(self, write: _Write) -> None:
-        entry = (write.urgency, write.kind, next(self._order), write)
-        heapq.heappush(self._first if write.kind == 0 else self._rest, entry)
-        self._any.notify()
-        if write.kind == 0:
-            self._only_first.notify()
+        entry = (write.urgency, write.rank, next(self._order), write)
+        heapq.heappush(self._queues[write.queue], entry)
+        for name, crew in self._crews.items():
+            if write.queue in crew.kinds:
+                self._ready[name].notify()
 
     def _start(self) -> None:
         with self._lock:
             if self._started:
                 return
-            for index in range(self._size + self._reserved):
-                only_first = index >= self._size
-                name = f"kvq-write_{index}"
-                threading.Thread(
-                    target=self._serve, args=(only_first,), name=name, daemon=True
-                ).start()
+            for name, crew in self._crews.items():
+                for index in range(crew.threads):
+                    threading.Thread(
+                        target=self._serve, args=(name,), name=f"kvq-write-{name}_{index}",
+                        daemon=True,
+                    ).start()  # fmt: skip
             self._started = True
 
-    def _take(self, only_first: bool) -> _Write | None:
-        """The most urgent write not yet taken (lock held)."""
+    def _take(self, crew: Crew) -> _Write | None:
+        """The most urgent write not yet taken from the crew's queues (lock held)."""
         while True:
-            heaps = [h for h in ((self._first,) if only_first else (self._first, self._rest)) if h]
-            if not heaps:
+            queues = [q for q in (self._queues[kind] for kind in crew.kinds) if q]
+            if not queues:
                 return None
-            *_, write = heapq.heappop(min(heaps, key=lambda h: h[0][:3]))
+            *_, write = heapq.heappop(min(queues, key=lambda q: q[0][:3]))
             if not (write.done.running() or write.done.done()):
                 return write  # else taken already by its other entry
 
-    def _serve(self, only_first: bool) -> None:
-        ready = self._only_first if only_first else self._any
+    def _serve(self, name: str) -> None:
+        crew, ready = self._crews[name], self._ready[name]
         while True:
             with self._lock:
-                write = self._take(only_first)
+                write = self._take(crew)
                 while write is None:
                     ready.wait()
-                    write = self._take(only_first)
+                    write = self._take(crew)
                 write.done.set_running_or_notify_cancel()
                 if write.key is not None:
                     waiting = self._pending.get(write.key)
@@ -176,39 +195,27 @@ class Writers:
                 write.done.set_exception(error)
 
 
-WRITES = Writers(WRITERS, reserved=DEPLOYMENT_WRITERS)
-SERVICE_WRITES = Writers(SERVICE_WRITERS)
-_LANES = (WRITES, SERVICE_WRITES)
-
-
-def _writers(kind: str) -> Writers:
-    return SERVICE_WRITES if kind == "Service" else WRITES
-
-
-def promote_writes(key: Hashable, urgency: int) -> None:
-    """`key`'s writes waiting for a writer, and those it sends until `settle_writes`, go
-    with `urgency` if that is more urgent."""
-    for writers in _LANES:
-        writers.promote(key, urgency)
-
-
-def settle_writes(key: Hashable) -> None:
-    """`key`'s pass is over: its next one sends with its own urgency."""
-    for writers in _LANES:
-        writers.settle(key)
+WRITES = Writers(
+    {
+        "shared": Crew(WRITERS, ("Deployment", ANY_KIND)),
+        "deployments": Crew(DEPLOYMENT_WRITERS, ("Deployment",)),
+        "services": Crew(SERVICE_WRITERS, ("Service",)),
+    }
+)
+promote_writes = WRITES.promote
+settle_writes = WRITES.settle
 
 
 async def _each(
     work: Callable[[T], R],
     items: Iterable[T],
-    kind: Callable[[T], int],
+    kind: Callable[[T], str],
     urgency: int,
     key: Hashable | None,
-    lane: Callable[[T], Writers] = lambda _: WRITES,
 ) -> list[R]:
-    """`work` on every item, side by side in the writers' order (on the writers `lane`
-    picks); results in order, the first error raised."""
-    futures = [lane(item).submit(urgency, kind(item), partial(work, item), key) for item in items]
+    """`work` on every item (a write of `kind(item)`), side by side in the writers' order;
+    results in order, the first error raised."""
+    futures = [WRITES.submit(urgency, kind(item), partial(work, item), key) for item in items]
     return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
 
@@ -279,10 +286,9 @@ async def execute(
                 memory.same,
             ),
             plan.apply,
-            lambda manifest: _DEPLOYMENT if manifest["kind"] == "Deployment" else _OBJECT,
+            lambda manifest: str(manifest["kind"]),
             urgency,
             key,
-            lambda manifest: _writers(manifest["kind"]),
         )
         for result in results:
             (applied if result.written else unchanged).append(f"{result.kind}/{result.name}")
@@ -290,10 +296,9 @@ async def execute(
         removed = await _each(
             lambda pair: pair[1] is not None and delete_object(clients, pair[0], pair[1]),
             gone,
-            lambda _: _OBJECT,
+            lambda pair: pair[0].kind,
             urgency,
             key,
-            lambda pair: _writers(pair[0].kind),
         )
         pairs = zip(gone, removed, strict=True)
         deleted += [f"{ref.kind}/{ref.name}" for (ref, _), yes in pairs if yes]
@@ -307,7 +312,7 @@ async def execute(
     if status_written:
         log.info("%s: status written", where)
     posting = tuple(
-        WRITES.submit(urgency, _EVENT, partial(post_event, clients, isvc, event, now), key)
+        WRITES.submit(urgency, "Event", partial(post_event, clients, isvc, event, now), key)
         for event in plan.events
     )
     for event, future in zip(plan.events, posting, strict=True):
