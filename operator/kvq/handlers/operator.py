@@ -39,7 +39,7 @@ from kvq.handlers.controller import (
 from kvq.handlers.reconcile import Decided, Observed, Runtime, carry_out, decide_pass
 from kvq.handlers.slots import Priority
 from kvq.k8s.clients import Clients, load_api_client
-from kvq.k8s.executor import promote_writes
+from kvq.k8s.executor import WRITES
 from kvq.metrics import serve_metrics
 from kvq.observe.prometheus import PrometheusReader, min_query_gap, without_credentials
 from kvq.placement.discovery import DEFAULT_POOL_LABELS
@@ -144,7 +144,7 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
         metrics_reader=_metrics_reader(options, config),
     )
     controller.on_gone = memo.runtime.forget
-    controller.promote_writes = promote_writes
+    controller.promote_writes = WRITES.promote
 
 
 def on_cleanup(memo: kopf.Memo, **_: Any) -> None:

@@ -27,7 +27,7 @@ from kvq.handlers.controller import PassResult
 from kvq.handlers.promises import Promises
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
-from kvq.k8s.executor import ExecutionResult, Memory, execute, settle_writes
+from kvq.k8s.executor import WRITES, ExecutionResult, Memory, execute
 from kvq.k8s.logs import read_log_tails
 from kvq.k8s.status import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
@@ -160,7 +160,7 @@ async def carry_out(runtime: Runtime, decided: Decided, urgency: int = 0) -> Out
                 runtime.clients, decided.plan, raw, decided.owned, runtime.memory, now, urgency, key
             )
         finally:
-            settle_writes(key)
+            WRITES.settle(key)
     except ObjectGoneError:
         RECONCILES.labels(result="deleting").inc()
         return Outcome(None, None, PassResult(gone=True))

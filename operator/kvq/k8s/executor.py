@@ -114,7 +114,7 @@ class Writers:
         """`work` (a write of `kind`: a Kubernetes kind) queued; its result when sent."""
         if not self._started:
             self._start()
-        queue = kind if kind in self._queues and kind != ANY_KIND else ANY_KIND
+        queue = kind if kind in self._queues else ANY_KIND
         if queue not in self._queues:
             raise ValueError(f"no writer takes {kind} writes")
         with self._lock:
@@ -202,8 +202,6 @@ WRITES = Writers(
         "services": Crew(SERVICE_WRITERS, ("Service",)),
     }
 )
-promote_writes = WRITES.promote
-settle_writes = WRITES.settle
 
 
 async def _each(
