@@ -4,12 +4,13 @@ A local control plane with the `fleet` profile (500 KWOK GPU nodes in four pools
 operator as a ServiceAccount (so the API server's own flow-control metrics count its
 requests apart from the harness's), then InferenceServices in two waves: 100 (the
 create-to-Deployment latency at 100 services), then the rest to 1,000 (time to all Ready).
-Create-to-Deployment runs from the create request's answer (the API server holds the
-object) to the harness's watch seeing the Deployment; it is also printed from the request
-sent. Five percent of them run on a simulated GPU that refuses the fp8 KV cache, so kvq
-falls back at run time (the fallback latency). Then a minute at rest: API requests per
-second that kvq makes (apiserver_flowcontrol_dispatched_requests_total of its FlowSchema),
-its RSS and CPU.
+Create-to-Deployment runs from the InferenceService's creation to its Deployment's, both
+as the API server's audit log records them (one clock, microseconds); it is also printed as
+the harness saw it (from the create request's answer to its watch delivering the
+Deployment) and from the request sent. Five percent of them run on a simulated GPU that
+refuses the fp8 KV cache, so kvq falls back at run time (the fallback latency). Then a
+minute at rest: API requests per second that kvq makes
+(apiserver_flowcontrol_dispatched_requests_total of its FlowSchema), its RSS and CPU.
 
     python -m e2e.bench.fleet [--services 1000] [--nodes 500] [--first-wave 100]
 
@@ -32,6 +33,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,26 @@ REFUSAL = (
     "engine exited with code 1\nerror lines, most specific first:\n"
     "NotImplementedError: FP8 KV cache requires head_size divisible by 32 on CPU."
 )
+
+# The API server records the creation of each InferenceService and each Deployment of the
+# bench's namespace (and nothing else: its other requests cost no audit work).
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "verbs": ["create", "patch"],
+            "namespaces": [NAMESPACE],
+            "resources": [
+                {"group": GROUP, "resources": [PLURAL]},
+                {"group": "apps", "resources": ["deployments"]},
+            ],
+        },
+        {"level": "None"},
+    ],
+}
 
 GOALS = {
     "all_ready_s": 120.0,
@@ -94,11 +116,16 @@ class Results:
     load_average: list[float]
     first_wave_ready_s: float | None = None
     create_to_deployment_at_100_s: dict[str, float] = field(default_factory=dict)
+    """From the API server's audit log: the InferenceService created -> its Deployment."""
+    seen_create_to_deployment_at_100_s: dict[str, float] = field(default_factory=dict)
+    """As the harness saw it: the create request answered -> its watch delivering the
+    Deployment (with the watch's delivery, which a loaded API server delays)."""
     request_to_deployment_at_100_s: dict[str, float] = field(default_factory=dict)
     """The same from the create request sent: with the API server's own create latency."""
     all_ready_s: float | None = None
     ready_count: int = 0
     create_to_deployment_at_1000_s: dict[str, float] = field(default_factory=dict)
+    seen_create_to_deployment_at_1000_s: dict[str, float] = field(default_factory=dict)
     fallbacks: int = 0
     fallback_s: dict[str, float] = field(default_factory=dict)
     requests_during_waves: float = 0.0
@@ -120,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     name = "bench"
     print(f"kvq bench: {args.services} InferenceServices on {args.nodes} GPU nodes", flush=True)
     began = time.monotonic()
-    state = cluster.up(name=name, profile="fleet", nodes=args.nodes, timeout=900)
+    state = cluster.up(
+        name=name, profile="fleet", nodes=args.nodes, timeout=900, audit_policy=AUDIT_POLICY
+    )
     results.cluster_start_s = round(time.monotonic() - began, 1)
     print(f"  cluster up in {results.cluster_start_s} s ({args.nodes} nodes)", flush=True)
     api = api_client(state.kubeconfig)
@@ -132,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         with _operator(kubeconfig, operator_log, args.workers) as operator:
             before_waves = _dispatched(kube)
             cpu_before, began = _cpu_seconds(operator.process.pid), time.monotonic()
-            _run_waves(kube, args, results)
+            _run_waves(kube, args, results, cluster.audit_log(state))
             results.requests_during_waves = _dispatched(kube) - before_waves
             used = _cpu_seconds(operator.process.pid) - cpu_before
             results.cpu_percent_during_waves = round(100 * used / (time.monotonic() - began), 1)
@@ -292,7 +321,7 @@ def _operator(kubeconfig: Path, log: Path, workers: int) -> Iterator[Operator]:
             process.kill()
 
 
-def _run_waves(kube: Kube, args: argparse.Namespace, results: Results) -> None:
+def _run_waves(kube: Kube, args: argparse.Namespace, results: Results, audit: Path) -> None:
     timeline = Timeline()
     stop = threading.Event()
     watchers = [
@@ -311,7 +340,11 @@ def _run_waves(kube: Kube, args: argparse.Namespace, results: Results) -> None:
     began = time.monotonic()
     _create(kube, first, timeline)
     results.first_wave_ready_s = _wait_ready(timeline, first, began, args.deadline)
-    results.create_to_deployment_at_100_s = _latency(timeline.created, timeline.deployed, first)
+    stored = _stored(audit)
+    results.create_to_deployment_at_100_s = _latency(stored.services, stored.deployments, first)
+    results.seen_create_to_deployment_at_100_s = _latency(
+        timeline.created, timeline.deployed, first
+    )
     results.request_to_deployment_at_100_s = _latency(timeline.requested, timeline.deployed, first)
     print(f"  wave 1: {len(first)} services, all Ready in {results.first_wave_ready_s} s",
           flush=True)  # fmt: skip
@@ -323,7 +356,11 @@ def _run_waves(kube: Kube, args: argparse.Namespace, results: Results) -> None:
     else:  # the whole fleet was the first wave (--first-wave equal to --services)
         results.all_ready_s = results.first_wave_ready_s
     results.ready_count = sum(1 for n in names if n in timeline.ready)
-    results.create_to_deployment_at_1000_s = _latency(timeline.created, timeline.deployed, rest)
+    stored = _stored(audit)
+    results.create_to_deployment_at_1000_s = _latency(stored.services, stored.deployments, rest)
+    results.seen_create_to_deployment_at_1000_s = _latency(
+        timeline.created, timeline.deployed, rest
+    )
     rejecting = [n for i, n in enumerate(names) if i % REJECT_EVERY == REJECT_EVERY - 1]
     results.fallbacks = sum(1 for n in rejecting if n in timeline.fell_back)
     results.fallback_s = _latency(timeline.crashed, timeline.fell_back, rejecting)
@@ -415,6 +452,33 @@ def _stream(list_fn: Any, stop: threading.Event, *args: Any) -> Iterator[dict[st
             yield from stream.stream(list_fn, *args, timeout_seconds=60, deserialize=False)
         except Exception:  # a dropped watch is reopened; the bench does not judge it
             stop.wait(RECONNECT_BACKOFF_S)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """When the API server created each object (epoch seconds), by name."""
+
+    services: dict[str, float]
+    deployments: dict[str, float]
+
+
+def _stored(audit: Path) -> Stored:
+    """The creations in the API server's audit log (AUDIT_POLICY): an InferenceService's
+    create and the apply that created its Deployment, each the moment its response was
+    complete (201: the object is in etcd)."""
+    stored = Stored({}, {})
+    tables = {PLURAL: stored.services, "deployments": stored.deployments}
+    for line in audit.read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        table = tables.get(ref.get("resource"))
+        created = (event.get("responseStatus") or {}).get("code") == 201
+        if table is None or ref.get("subresource") or not created or not ref.get("name"):
+            continue
+        if event.get("stage") == "ResponseComplete":
+            when = datetime.fromisoformat(event["stageTimestamp"]).timestamp()
+            table.setdefault(ref["name"], when)
+    return stored
 
 
 def _latency(start: dict[str, float], end: dict[str, float], names: list[str]) -> dict[str, float]:
@@ -544,9 +608,11 @@ def _print(results: Results) -> None:
         ("create -> Deployment at 100", _fmt(results.create_to_deployment_at_100_s),
          f"p95 < {GOALS['create_to_deployment_p95_at_100_s']:.0f} s",
          mark("create_to_deployment_p95_at_100_s")),
-        ("  the same from the create request", _fmt(results.request_to_deployment_at_100_s),
+        ("  as the harness saw it", _fmt(results.seen_create_to_deployment_at_100_s), "", ""),
+        ("  from the create request sent", _fmt(results.request_to_deployment_at_100_s),
          "", ""),
         ("create -> Deployment at 1000", _fmt(results.create_to_deployment_at_1000_s), "", ""),
+        ("  as the harness saw it", _fmt(results.seen_create_to_deployment_at_1000_s), "", ""),
         ("fallback (crash seen -> auto Deployment)",
          f"{_fmt(results.fallback_s)} ({results.fallbacks} fallbacks)",
          f"p95 < {GOALS['fallback_p95_s']:.0f} s", mark("fallback_p95_s")),

@@ -11,11 +11,13 @@ import json
 import shutil
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from kvq.devcluster import pki as pki_ids
 from kvq.devcluster.binaries import Binaries, ensure_binaries
@@ -35,6 +37,7 @@ from kvq.devcluster.waits import WaitTimeoutError, wait_until
 
 PORT_NAMES = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"]
 STATE_FILE = "state.json"
+AUDIT_LOG = "kube-apiserver-audit.log"
 # The node IP KWOK writes into status (pod IPs come from the profile). Loopback on purpose:
 # anything that ever dials it (kubectl logs, a metrics scrape) stays on this machine.
 NODE_IP = "127.0.0.1"
@@ -86,12 +89,15 @@ def up(
     timeout: float = 120.0,
     binaries: Binaries | None = None,
     nodes: int | None = None,
+    audit_policy: Mapping[str, Any] | None = None,
 ) -> ClusterState:
     """Start a fresh cluster (stopping an earlier one of the same name) and wait until usable.
 
     Missing binaries are built first, under their own budget: `timeout` counts from the end
-    of the build. `nodes` scales the profile's pools to that many nodes in all. Raises
-    ClusterStartError (one line naming the log) when the start fails.
+    of the build. `nodes` scales the profile's pools to that many nodes in all.
+    `audit_policy` (an audit.k8s.io/v1 Policy) makes the API server record the requests it
+    selects in `audit_log(state)`. Raises ClusterStartError (one line naming the log) when
+    the start fails.
     """
     chosen = load_profile(profile)
     if nodes is not None:
@@ -151,7 +157,8 @@ def up(
         etcd_health = f"https://127.0.0.1:{ports['etcd']}/health"
         _wait_https(etcd_health, pki, pki.etcd_server, remaining(), state, "etcd")
         reached("etcd healthy")
-        launch("kube-apiserver", _apiserver_args(bins, ports, pki))
+        audit = _audit_args(root, audit_policy) if audit_policy is not None else []
+        launch("kube-apiserver", [*_apiserver_args(bins, ports, pki), *audit])
         _wait_https(f"{server}/readyz", pki, admin_pair, remaining(), state, "kube-apiserver")
         reached("kube-apiserver ready")
         launch("kube-controller-manager", _controller_manager_args(bins, ports, pki, configs))
@@ -318,6 +325,23 @@ def _apiserver_args(bins: Binaries, ports: dict[str, int], pki: Pki) -> list[str
         "--endpoint-reconciler-type=none",
         "--profiling=false",
         "--v=1",
+    ]
+
+
+def audit_log(state: ClusterState) -> Path:
+    """Where the API server writes the audit events its policy selects (JSON lines)."""
+    return Path(state.run_dir) / "logs" / AUDIT_LOG
+
+
+def _audit_args(root: Path, policy: Mapping[str, Any]) -> list[str]:
+    path = root / "audit-policy.yaml"
+    path.write_text(yaml.safe_dump(dict(policy)))
+    return [
+        f"--audit-policy-file={path}",
+        f"--audit-log-path={root / 'logs' / AUDIT_LOG}",
+        "--audit-log-format=json",
+        # Each event written as its request completes: the file is whole when it returns.
+        "--audit-log-mode=blocking",
     ]
 
 
