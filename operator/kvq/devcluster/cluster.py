@@ -42,6 +42,7 @@ AUDIT_LOG = "kube-apiserver-audit.log"
 # anything that ever dials it (kubectl logs, a metrics scrape) stays on this machine.
 NODE_IP = "127.0.0.1"
 NODE_CREATE_WORKERS = 8
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 HPA_SYNC_PERIOD = "2s"
 NODE_LEASE_SECONDS = 120
 CONTROLLER_QPS = 100
@@ -447,15 +448,7 @@ def _wait_ready(
 ) -> None:
     def nodes_ready() -> bool:
         nodes = rest.get("/api/v1/nodes")["items"]
-        ready = [
-            n
-            for n in nodes
-            if any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in n.get("status", {}).get("conditions", [])
-            )
-        ]
-        return len(ready) == expected
+        return sum(1 for n in nodes if _schedulable(n)) == expected
 
     # The controller manager is up when it has created the default ServiceAccount.
     def default_account() -> bool:
@@ -464,18 +457,29 @@ def _wait_ready(
     # Each poll lists every node: a 500-node list is megabytes, so poll less often there.
     _wait_alive(
         nodes_ready,
-        f"{expected} nodes Ready",
+        f"{expected} nodes Ready and schedulable",
         timeout,
         state,
         "kwok",
         interval=min(0.1 + expected / 500, 1.0),
     )
-    reached("nodes Ready")
+    reached("nodes Ready and schedulable")
     # The controller manager creates it: its log says why when it does not.
     _wait_alive(
         default_account, "the default ServiceAccount", timeout, state, "kube-controller-manager"
     )
     reached("default ServiceAccount")
+
+
+def _schedulable(node: dict[str, Any]) -> bool:
+    """Ready, and the node controller has taken its not-ready taint off (at 500 new nodes
+    that lags Ready by about 20 s, its node patches and Events a stream of writes beside
+    whatever runs first, and the tainted nodes refuse pods)."""
+    conditions = node.get("status", {}).get("conditions", [])
+    taints = node.get("spec", {}).get("taints") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) and not any(
+        t.get("key") == NOT_READY_TAINT for t in taints
+    )
 
 
 def _wait_alive(
