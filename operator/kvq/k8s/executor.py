@@ -10,7 +10,9 @@ through one small pool of writers, most urgent pass first: a crashed engine's fa
 a new service's Deployment do not wait behind a fleet's routine status updates. Some of
 the writers send only Deployments, and Services have writers of their own, so neither a
 burst's ConfigMaps and status writes nor its Service creates (each allocates a cluster IP)
-hold up the next Deployment.
+hold up the next Deployment; and while Deployments are waiting or being sent, the writes
+of passes no more urgent wait for them (up to HOLD_SECONDS), since the API server shares
+its CPU among the requests in flight.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -57,7 +60,10 @@ ANY_KIND = "*"
 # starts scheduling and pulling), then the other objects and status in the order they
 # come, then Events (which no pass waits for).
 _RANKS = {"Deployment": 0, "Event": 2}
+_DEPLOYMENT_RANK = _RANKS["Deployment"]
 _OTHER_RANK = 1
+# The longest any other write waits for Deployments before it is sent beside them.
+HOLD_SECONDS = 1.0
 # A status write's kind: the InferenceService's status subresource.
 _STATUS = "InferenceService"
 
@@ -74,6 +80,10 @@ class _Write:
 
 
 _Entry = tuple[int, int, int, _Write]
+
+
+def _taken(write: _Write) -> bool:
+    return write.done.running() or write.done.done()
 
 
 @dataclass(frozen=True)
@@ -93,10 +103,13 @@ class Writers:
     Each write waits in its kind's queue (or ANY_KIND's), which only some crews take
     from: a crew of their own keeps Service creates off the shared writers, and one that
     takes only Deployments sends a new service's Deployment while every shared writer is
-    held by a burst's status writes and ConfigMaps."""
+    held by a burst's status writes and ConfigMaps. A write other than a Deployment is
+    held while a Deployment of a pass as urgent or more is waiting or being sent, for
+    `hold_seconds` at most."""
 
-    def __init__(self, crews: Mapping[str, Crew]) -> None:
+    def __init__(self, crews: Mapping[str, Crew], hold_seconds: float = HOLD_SECONDS) -> None:
         self._crews = dict(crews)
+        self._hold_seconds = hold_seconds
         self._queues: dict[str, list[_Entry]] = {
             kind: [] for crew in crews.values() for kind in crew.kinds
         }
@@ -107,6 +120,8 @@ class Writers:
         self._lock = threading.Lock()
         self._ready = {name: threading.Condition(self._lock) for name in crews}
         self._started = False
+        self._sending: Counter[int] = Counter()
+        """Deployments waiting or being sent, by urgency: what holds the other writes."""
 
     def submit(
         self, urgency: int, kind: str, work: Callable[[], R], key: Hashable | None = None
@@ -123,6 +138,8 @@ class Writers:
             write = _Write(work, Future(), key, urgency, queue, _RANKS.get(kind, _OTHER_RANK))
             if key is not None:
                 self._pending.setdefault(key, set()).add(write)
+            if write.rank == _DEPLOYMENT_RANK:
+                self._sending[urgency] += 1
             self._put(write)
         return write.done
 
@@ -134,6 +151,9 @@ class Writers:
             self._floor[key] = min(urgency, self._floor.get(key, urgency))
             for write in self._pending.get(key, ()):
                 if urgency < write.urgency:
+                    if write.rank == _DEPLOYMENT_RANK:
+                        self._sending[write.urgency] -= 1
+                        self._sending[urgency] += 1
                     write.urgency = urgency
                     self._put(write)
 
@@ -162,14 +182,44 @@ class Writers:
             self._started = True
 
     def _take(self, crew: Crew) -> _Write | None:
-        """The most urgent write not yet taken from the crew's queues (lock held)."""
-        while True:
-            queues = [q for q in (self._queues[kind] for kind in crew.kinds) if q]
-            if not queues:
-                return None
-            *_, write = heapq.heappop(min(queues, key=lambda q: q[0][:3]))
-            if not (write.done.running() or write.done.done()):
-                return write  # else taken already by its other entry
+        """The most urgent write of the crew's queues not yet taken, and not held (lock
+        held)."""
+        queues = [self._queues[kind] for kind in crew.kinds]
+        for queue in queues:
+            while queue and _taken(queue[0][3]):
+                heapq.heappop(queue)  # taken already by its other entry
+        heads = [q[0] for q in queues if q]
+        if not heads:
+            return None
+        now = time.monotonic()
+        first = min(heads)[3]
+        if not self._held(first, now):
+            return first
+        # Held: the best write behind it that may go (a Deployment, or a write that waited
+        # long enough); taken from inside its queue, its entry is skipped when it surfaces.
+        free = [e for q in queues for e in q if not _taken(e[3]) and not self._held(e[3], now)]
+        return min(free)[3] if free else None
+
+    def _held(self, write: _Write, now: float) -> bool:
+        """Held back for a Deployment of a pass as urgent or more: the API server shares
+        its CPU among the requests it serves, so a burst's ConfigMaps, Services and status
+        writes sent beside its Deployments slow each of them down. Never for longer than
+        the hold's seconds, so status does not lag behind a long rollout."""
+        if write.rank == _DEPLOYMENT_RANK or now - write.queued >= self._hold_seconds:
+            return False
+        return any(n > 0 for u, n in self._sending.items() if u <= write.urgency)
+
+    def _next_release(self, crew: Crew) -> float | None:
+        """Seconds until the first held write of the crew's queues goes anyway; None when
+        none is held (lock held)."""
+        now = time.monotonic()
+        held = [
+            e[3].queued
+            for q in (self._queues[kind] for kind in crew.kinds)
+            for e in q
+            if not _taken(e[3]) and self._held(e[3], now)
+        ]
+        return max(min(held) + self._hold_seconds - now, 0.0) if held else None
 
     def _serve(self, name: str) -> None:
         crew, ready = self._crews[name], self._ready[name]
@@ -177,7 +227,7 @@ class Writers:
             with self._lock:
                 write = self._take(crew)
                 while write is None:
-                    ready.wait()
+                    ready.wait(self._next_release(crew))
                     write = self._take(crew)
                 write.done.set_running_or_notify_cancel()
                 if write.key is not None:
@@ -193,6 +243,16 @@ class Writers:
                 write.done.set_result(write.work())
             except BaseException as error:  # handed to the waiting pass, which raises it
                 write.done.set_exception(error)
+            finally:
+                if write.rank == _DEPLOYMENT_RANK:
+                    self._sent(write)
+
+    def _sent(self, write: _Write) -> None:
+        with self._lock:
+            self._sending[write.urgency] -= 1
+            if self._sending[write.urgency] == 0:
+                for ready in self._ready.values():
+                    ready.notify_all()  # what it held may go
 
 
 WRITES = Writers(
