@@ -63,10 +63,10 @@ test-engine: prometheus engine-model # real vLLM on this CPU: eight engine start
 
 .PHONY: bench chaos
 # Not tests: they measure, print figures against goals, and exit 1 when a goal is missed.
-bench: binaries # 1,000 InferenceServices on 500 KWOK GPU nodes (about 6 min; BENCH_ARGS=...)
+bench: binaries # 1,000 InferenceServices on 500 KWOK GPU nodes (about 4 min; BENCH_ARGS=...)
 	$(PY) -m e2e.bench.fleet $(BENCH_ARGS)
 
-chaos: binaries # operator SIGKILLs, API server and etcd restarts, peering failover (about 5 min)
+chaos: binaries # operator SIGKILLs, API server and etcd restarts, peering failover (about 3 min)
 	$(PY) -m e2e.bench.chaos $(CHAOS_ARGS)
 
 .PHONY: prometheus

@@ -1,5 +1,6 @@
 """`make bench` reads create -> Deployment from the API server's audit log: which events
-count as a creation (the real log lines of a bench run)."""
+count as a creation (the real log lines of a bench run), and a wave the log does not
+cover whole is no pass."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from e2e.bench.fleet import Stored, _latency, _stored
+from e2e.bench.fleet import Results, Stored, _judge, _latency, _stored
 
 AUDIT = Path(__file__).parent.parent / "fixtures" / "bench" / "audit.jsonl"
 
@@ -43,3 +44,14 @@ def test_an_object_created_again_keeps_its_first_creation(tmp_path: Path) -> Non
     assert _stored(_write(tmp_path, [create, deployed, later])).deployments == {
         "svc-0019": 1796195963.785125
     }
+
+
+def test_a_first_wave_missing_from_the_audit_log_is_no_pass() -> None:
+    def judged(count: int) -> bool:
+        results = Results(services=100, nodes=50, first_wave=100, load_average=[])
+        results.create_to_deployment_at_100_s = {"count": count, "p50": 0.5, "p95": 0.8}
+        _judge(results)
+        return results.verdicts["create_to_deployment_p95_at_100_s"]
+
+    assert judged(100)
+    assert not judged(99)  # one service's Deployment never recorded
