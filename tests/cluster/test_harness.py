@@ -4,6 +4,7 @@ and one that cannot start says which component failed and which log to read."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,21 +12,56 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from kvq.devcluster import cluster
+from kvq.devcluster import cluster, pki
 from kvq.devcluster.binaries import ensure_binaries
 from kvq.devcluster.clients import Kube
 
 pytestmark = pytest.mark.cluster
 
 
+# The admin's namespace creations only: what the test makes, none of the control plane's
+# own (the API server creates kube-system and the rest at start).
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "users": [pki.ADMIN.name],
+            "verbs": ["create"],
+            "resources": [{"resources": ["namespaces"]}],
+        },
+        {"level": "None"},
+    ],
+}
+
+
 def test_up_status_down_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVQ_RUN_DIR", str(tmp_path / "run"))
     kubeconfig = tmp_path / "admin.kubeconfig"
 
-    state = cluster.up(name="harness", profile="single", kubeconfig=kubeconfig, timeout=180)
+    state = cluster.up(
+        name="harness",
+        profile="single",
+        kubeconfig=kubeconfig,
+        timeout=180,
+        audit_policy=AUDIT_POLICY,
+    )
+    rest = cluster.admin_rest(state)
+    # Usable when up returns: no node still carries the node controller's not-ready taint.
+    nodes = rest.get("/api/v1/nodes")["items"]
+    taints = [t["key"] for node in nodes for t in node["spec"].get("taints", [])]
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "audited"}}
+    rest.post("/api/v1/namespaces", namespace)
+    audited = [json.loads(line) for line in cluster.audit_log(state).read_text().splitlines()]
     status = cluster.status("harness")
     stopped = cluster.down("harness")
 
+    assert "node.kubernetes.io/not-ready" not in taints
+    assert [(e["objectRef"]["name"], e["responseStatus"]["code"]) for e in audited] == [
+        ("audited", 201)
+    ]
     assert status["ready"] is True
     assert set(status["components"]) == {
         "etcd",
