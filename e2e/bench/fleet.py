@@ -61,24 +61,15 @@ REFUSAL = (
 )
 
 # The API server records the creation of each InferenceService and each Deployment of the
-# bench's namespace (and nothing else: its other requests cost no audit work).
-AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [
-        {
-            "level": "Metadata",
-            "verbs": ["create", "patch"],
-            "namespaces": [NAMESPACE],
-            "resources": [
-                {"group": GROUP, "resources": [PLURAL]},
-                {"group": "apps", "resources": ["deployments"]},
-            ],
-        },
-        {"level": "None"},
+# bench's namespace.
+AUDIT_POLICY = cluster.audit_policy(
+    verbs=["create", "patch"],
+    namespaces=[NAMESPACE],
+    resources=[
+        {"group": GROUP, "resources": [PLURAL]},
+        {"group": "apps", "resources": ["deployments"]},
     ],
-}
+)
 
 GOALS = {
     "all_ready_s": 120.0,

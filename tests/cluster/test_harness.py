@@ -21,20 +21,9 @@ pytestmark = pytest.mark.cluster
 
 # The admin's namespace creations only: what the test makes, none of the control plane's
 # own (the API server creates kube-system and the rest at start).
-AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [
-        {
-            "level": "Metadata",
-            "users": [pki.ADMIN.name],
-            "verbs": ["create"],
-            "resources": [{"resources": ["namespaces"]}],
-        },
-        {"level": "None"},
-    ],
-}
+AUDIT_POLICY = cluster.audit_policy(
+    users=[pki.ADMIN.name], verbs=["create"], resources=[{"resources": ["namespaces"]}]
+)
 
 
 def test_up_status_down_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

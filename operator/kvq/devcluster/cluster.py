@@ -329,6 +329,18 @@ def _apiserver_args(bins: Binaries, ports: dict[str, int], pki: Pki) -> list[str
     ]
 
 
+def audit_policy(**selected: Any) -> dict[str, Any]:
+    """An audit policy that records, at Metadata level and once each (when answered), the
+    requests `selected` names (an audit.k8s.io/v1 rule's fields: verbs, users, namespaces,
+    resources), and nothing else: the other requests cost the API server no audit work."""
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [{"level": "Metadata", **selected}, {"level": "None"}],
+    }
+
+
 def audit_log(state: ClusterState) -> Path:
     """Where the API server writes the audit events its policy selects (JSON lines)."""
     return Path(state.run_dir) / "logs" / AUDIT_LOG
