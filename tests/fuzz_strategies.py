@@ -35,21 +35,16 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from kvq.api.engine import MANAGED_FLAGS, EngineSpec
+from kvq.api.environment import EnvVar, KeySelector, ObjectRef
+from kvq.api.model import AwqSpec, ModelSpec, SecretKeyRef
+from kvq.api.model_cache import ModelCacheSpec
 from kvq.api.models import API_VERSION, KIND, InferenceService, ObjectMeta
 from kvq.api.names import is_annotation_key
-from kvq.api.pod import KeySelector, ModelCacheSpec, ObjectRef
+from kvq.api.placement import PlacementSpec
 from kvq.api.rules import RULE_ERROR, FieldRule, ListMapKeys, UniqueItems
-from kvq.api.spec import (
-    MANAGED_FLAGS,
-    AwqSpec,
-    EngineSpec,
-    EnvVar,
-    InferenceServiceSpec,
-    ModelSpec,
-    PlacementSpec,
-    SecretKeyRef,
-    TierSpec,
-)
+from kvq.api.spec import InferenceServiceSpec
+from kvq.api.tiers import TierSpec
 
 Path = tuple[str | int, ...]
 BreakSite = tuple[tuple[tuple[str, type[BaseModel]], ...], type[BaseModel], str]

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvq.api.models import InferenceService, PlacementSpec
+from kvq.api.models import InferenceService
+from kvq.api.placement import PlacementSpec
 from kvq.api.validation import (
     InvalidInferenceServiceError,
     Violation,

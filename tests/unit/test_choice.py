@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kvq.api.spec import Toleration
+from kvq.api.scheduling import Toleration
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog

@@ -15,10 +15,10 @@ from kvq.api.models import (
     SINGULAR,
     VERSION,
     InferenceService,
-    InferenceServiceSpec,
-    InferenceServiceStatus,
 )
 from kvq.api.schema import JsonDict, structural_schema
+from kvq.api.spec import InferenceServiceSpec
+from kvq.api.status import InferenceServiceStatus
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.uri"},

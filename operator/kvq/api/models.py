@@ -9,34 +9,8 @@ from pydantic import Field
 
 from kvq.api.base import KubeModel
 from kvq.api.rules import Rule
-from kvq.api.spec import (
-    ArchitectureSpec,
-    AutoscalingSpec,
-    AutoscalingTargets,
-    AwqSpec,
-    CapacitySpec,
-    EngineSpec,
-    EnvVar,
-    FallbackSpec,
-    InferenceServiceSpec,
-    KvCacheSpec,
-    MemorySpec,
-    ModelSpec,
-    PlacementSpec,
-    RolloutSpec,
-    SecretKeyRef,
-    Toleration,
-)
-from kvq.api.status import (
-    CapacityStatus,
-    Condition,
-    EffectiveStatus,
-    FallbackAttempt,
-    FallbackStatus,
-    InferenceServiceStatus,
-    MetricsStatus,
-    PlacementStatus,
-)
+from kvq.api.spec import InferenceServiceSpec
+from kvq.api.status import InferenceServiceStatus
 
 GROUP = "kvq.dev"
 VERSION = "v1alpha1"
@@ -89,41 +63,3 @@ class InferenceService(KubeModel):
     @classmethod
     def from_kube(cls, body: dict[str, Any]) -> InferenceService:
         return cls.model_validate(body)
-
-
-__all__ = [
-    "API_VERSION",
-    "CATEGORIES",
-    "GROUP",
-    "KIND",
-    "PLURAL",
-    "SHORT_NAMES",
-    "SINGULAR",
-    "VERSION",
-    "ArchitectureSpec",
-    "AutoscalingSpec",
-    "AutoscalingTargets",
-    "AwqSpec",
-    "CapacitySpec",
-    "CapacityStatus",
-    "Condition",
-    "EffectiveStatus",
-    "EngineSpec",
-    "EnvVar",
-    "FallbackAttempt",
-    "FallbackSpec",
-    "FallbackStatus",
-    "InferenceService",
-    "InferenceServiceSpec",
-    "InferenceServiceStatus",
-    "KvCacheSpec",
-    "MemorySpec",
-    "MetricsStatus",
-    "ModelSpec",
-    "ObjectMeta",
-    "PlacementSpec",
-    "PlacementStatus",
-    "RolloutSpec",
-    "SecretKeyRef",
-    "Toleration",
-]

@@ -14,6 +14,9 @@ wording (k8s.io/apimachinery/pkg/util/validation), for `kvq validate`.
 from __future__ import annotations
 
 import re
+from typing import Annotated
+
+from pydantic import Field
 
 from kvq.api.rules import FieldRule
 
@@ -167,6 +170,16 @@ def config_map_key(what: str) -> FieldRule:
         "starting with '..'",
         check=is_config_map_key,
     )
+
+
+# The name of a Secret or ConfigMap in the InferenceService's namespace.
+ObjectName = Annotated[
+    str, Field(min_length=1, max_length=253), dns_subdomain("the name of a Secret or ConfigMap")
+]
+# A key of a Secret or ConfigMap.
+ObjectKey = Annotated[
+    str, Field(min_length=1, max_length=253), config_map_key("a Secret or ConfigMap key")
+]
 
 
 # --- ObjectMeta, as the API server words it -----------------------------------------------

@@ -20,6 +20,11 @@ RULE_ERROR = "kube_rule"
 DUPLICATE_ERROR = "kube_duplicate"
 
 
+def exactly_one(*present: bool) -> bool:
+    """Exactly one of several optional fields is set (a Kubernetes one-of)."""
+    return sum(present) == 1
+
+
 @dataclass(frozen=True)
 class Rule:
     """One rule: a CEL expression, the same check in Python, and the message a person reads.

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvq.api.spec import TierSpec
 from kvq.api.status import AutoscalingSignals, AutoscalingStatus, MetricsStatus
+from kvq.api.tiers import TierSpec
 from kvq.decide.conditions import ConditionUpdate
 from kvq.decide.types import Manifest, Snapshot
 from kvq.placement.choice import PoolVerdict

@@ -15,8 +15,8 @@ from typing import Any
 
 from kvq.api import keys
 from kvq.api.models import InferenceService
-from kvq.api.spec import TierSpec
 from kvq.api.status import Condition, InferenceServiceStatus, TierStatus
+from kvq.api.tiers import TierSpec
 from kvq.decide.conditions import ConditionUpdate, condition, merge_conditions
 from kvq.decide.manifests import owned_by
 from kvq.decide.routing import ROUTE_KINDS, route

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvq.api import keys
 from kvq.api.models import API_VERSION, KIND, InferenceService
-from kvq.api.spec import TierSpec
+from kvq.api.tiers import TierSpec
 from kvq.catalog.models import ModelArchitecture
 from kvq.decide.place import RungPlacement
 from kvq.decide.types import DEFAULT_OPERATOR_IMAGE, Catalogs, Manifest

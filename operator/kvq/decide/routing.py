@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvq.api.spec import TierSpec
 from kvq.api.status import RoutingStatus
+from kvq.api.tiers import TierSpec
 from kvq.decide.conditions import ConditionUpdate
 from kvq.decide.types import Manifest, Snapshot
 from kvq.render.manifests import workload_name

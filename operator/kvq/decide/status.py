@@ -16,7 +16,6 @@ from typing import Any
 
 from kvq.api import keys
 from kvq.api.credentials import redact_args, redact_text
-from kvq.api.spec import TierSpec
 from kvq.api.status import (
     CapacityStatus,
     EffectiveStatus,
@@ -27,6 +26,7 @@ from kvq.api.status import (
     InferenceServiceStatus,
     PlacementStatus,
 )
+from kvq.api.tiers import TierSpec
 from kvq.decide.autoscale import Autoscaled, signals_from
 from kvq.decide.conditions import ConditionUpdate, merge_conditions
 from kvq.decide.manifests import Rendered

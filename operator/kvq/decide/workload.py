@@ -13,8 +13,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from kvq.api import keys
-from kvq.api.spec import TierSpec
 from kvq.api.status import InferenceServiceStatus
+from kvq.api.tiers import TierSpec
 from kvq.catalog.engines import EngineCapability, EngineVersionError
 from kvq.catalog.models import ModelArchitecture
 from kvq.decide.autoscale import autoscale

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvq.api import keys
-from kvq.api.spec import Toleration
+from kvq.api.scheduling import Toleration
 from kvq.catalog.engines import EngineCapability
 from kvq.catalog.models import ModelArchitecture
 from kvq.placement.discovery import TRANSIENT_TAINT_KEYS, Inventory

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvq.api.spec import ArchitectureSpec, ModelSpec
+from kvq.api.architecture import ArchitectureSpec
+from kvq.api.model import ModelSpec
 from kvq.catalog.models import ModelArchitecture, ModelCatalog, architecture_from_hf_config
 
 

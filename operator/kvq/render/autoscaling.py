@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvq.api.models import API_VERSION, KIND, InferenceService
-from kvq.api.spec import TierSpec
+from kvq.api.tiers import TierSpec
 from kvq.catalog.engines import EngineMetrics
 from kvq.render.manifests import labels_for, workload_name
 

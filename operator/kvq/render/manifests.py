@@ -16,7 +16,7 @@ from typing import Any
 
 from kvq.api import keys
 from kvq.api.models import InferenceService
-from kvq.api.spec import TierSpec
+from kvq.api.tiers import TierSpec
 from kvq.placement.choice import GPU_TAINT_KEYS
 from kvq.placement.pool import NodePool
 from kvq.render.args import ENGINE_PORT, WRAPPER_DIR, WRAPPER_FILE, container_command

@@ -2,7 +2,7 @@
 reference, resources, /dev/shm, start-up budget and the pod-level settings.
 
 Sizes are derived from the model when the spec leaves them out (see `EngineResources` and
-`ModelCacheSpec` in kvq.api.pod for the formulas as users read them):
+`ModelCacheSpec` in kvq.api.model_cache for the formulas as users read them):
 
 - memory: 2 GiB + 3 GiB per GPU (API server, engine core, one worker per GPU) + the
   weights (they pass through host memory while loading) + /dev/shm + the engine's CPU swap
@@ -25,14 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvq import __version__
+from kvq.api.engine import ResourceAmounts
+from kvq.api.environment import EnvFromSource, EnvVar
+from kvq.api.model_cache import CacheVolumeClaim
 from kvq.api.models import InferenceService
-from kvq.api.pod import (
-    CacheVolumeClaim,
-    EnvFromSource,
-    ResourceAmounts,
-    quantity_value,
-)
-from kvq.api.spec import EnvVar
+from kvq.api.quantity import quantity_value
 from kvq.fetch.failures import FETCH_CONTAINER
 from kvq.fetch.layout import CACHE_MOUNT, FETCH_HOME, MODEL_LINK, MODEL_LINK_DIR
 from kvq.render.settings import EffectiveSettings, RenderError
