@@ -343,7 +343,7 @@ def test_a_crashed_engine_is_reconciled_ahead_of_every_other_pass(
 
 
 def test_kvq_run_and_the_chart_default_to_the_controllers_workers() -> None:
-    from kvq.cli import run
+    from kvq.cli.run import run
 
     assert inspect.signature(run).parameters["workers"].default == DEFAULT_WORKERS
     values = yaml.safe_load(Path("charts/kvq/values.yaml").read_text())
