@@ -37,11 +37,12 @@ from pydantic.fields import FieldInfo
 
 from kvq.api.engine import MANAGED_FLAGS, EngineSpec
 from kvq.api.environment import EnvVar, KeySelector, ObjectRef
+from kvq.api.keys import API_VERSION, KIND
 from kvq.api.model import AwqSpec, ModelSpec, SecretKeyRef
 from kvq.api.model_cache import ModelCacheSpec
-from kvq.api.models import API_VERSION, KIND, InferenceService, ObjectMeta
 from kvq.api.names import is_annotation_key
 from kvq.api.placement import PlacementSpec
+from kvq.api.resource import InferenceService, ObjectMeta
 from kvq.api.rules import RULE_ERROR, FieldRule, ListMapKeys, UniqueItems
 from kvq.api.spec import InferenceServiceSpec
 from kvq.api.tiers import TierSpec

@@ -37,7 +37,7 @@ from kubernetes import client as k8s
 
 from kvq.api import keys
 from kvq.api.crd import crd_manifest
-from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.api.keys import GROUP, PLURAL, VERSION
 from kvq.devcluster import cluster
 from kvq.devcluster.clients import Kube, api_client
 from kvq.devcluster.ports import allocate_ports

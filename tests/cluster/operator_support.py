@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvq.api.crd import crd_manifest
-from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.api.keys import GROUP, PLURAL, VERSION
 from kvq.devcluster.clients import Kube
 from kvq.devcluster.ports import allocate_ports
 from kvq.devcluster.waits import wait_until

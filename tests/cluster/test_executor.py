@@ -17,7 +17,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from kvq.api import keys
-from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.api.keys import GROUP, PLURAL, VERSION
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
@@ -28,7 +28,7 @@ from kvq.handlers.reconcile import Observed, Runtime, reconcile
 from kvq.k8s.clients import Clients
 from kvq.k8s.executor import ExecutionResult, Memory, execute
 from kvq.k8s.logs import read_log_tails
-from kvq.k8s.status import StatusConflictError
+from kvq.k8s.status_writer import StatusConflictError
 from tests.cluster import manifests
 from tests.cluster.operator_support import (
     create_isvc,

@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from kvq.api.models import GROUP, PLURAL, VERSION, InferenceService
+from kvq.api.keys import GROUP, PLURAL, VERSION
+from kvq.api.resource import InferenceService
 from kvq.api.validation import find_violations, parse_inference_service
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import GpuModel, load_gpu_catalog

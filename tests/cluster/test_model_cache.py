@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.api.keys import GROUP, PLURAL, VERSION
 from kvq.devcluster.clients import Kube
 from kvq.devcluster.waits import wait_until
 from kvq.k8s import peering

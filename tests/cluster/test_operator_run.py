@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kvq.api import keys
-from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.api.keys import GROUP, PLURAL, VERSION
 from kvq.devcluster.binaries import locate_binaries
 from kvq.devcluster.clients import Kube
 from kvq.devcluster.waits import wait_for_deletion, wait_until

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
-from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.api.keys import GROUP, PLURAL, VERSION
 from kvq.devcluster.binaries import locate_binaries
 from kvq.devcluster.clients import Kube
 from kvq.devcluster.waits import wait_until

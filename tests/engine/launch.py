@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.placement.pool import NodePool, pool_for_gpu

@@ -27,7 +27,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.api.keys import GROUP, PLURAL, VERSION
 from kvq.devcluster.clients import Kube
 from kvq.devcluster.waits import wait_until
 from tests.cluster.operator_support import install_kvq_crd, operator_running, read_isvc

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from kvq.api.models import GROUP, PLURAL, VERSION
+from kvq.api.keys import GROUP, PLURAL, VERSION
 from kvq.devcluster.clients import Kube
 from kvq.devcluster.waits import wait_until
 from tests.helm.chart import CHART, ROOT, helm, values_file

@@ -151,7 +151,7 @@ def test_optional_monitoring_objects(tmp_path: Path) -> None:
 
 
 def test_engine_metrics_wiring_matches_what_kvq_renders(tmp_path: Path) -> None:
-    from kvq.api.models import InferenceService
+    from kvq.api.resource import InferenceService
     from kvq.render import render_manifests
     from tests.unit.render_cases import pool, settings
 

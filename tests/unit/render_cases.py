@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import GpuModel, load_gpu_catalog
 from kvq.catalog.models import ModelArchitecture, load_model_catalog

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvq.api.models import InferenceService
 from kvq.api.placement import PlacementSpec
+from kvq.api.resource import InferenceService
 from kvq.api.validation import (
     InvalidInferenceServiceError,
     Violation,

@@ -25,7 +25,7 @@ from kvq.handlers.indices import by_inference_service
 from kvq.handlers.operator import on_pod_event
 from kvq.handlers.slots import Priority
 from kvq.k8s.apply import holds
-from kvq.k8s.status import without_nulls
+from kvq.k8s.status_writer import without_nulls
 from kvq.metrics import count_event
 from tests.unit.test_slots import until
 
@@ -593,7 +593,7 @@ def test_every_watch_handler_runs_on_kopfs_event_loop() -> None:
 
 
 def test_a_pass_after_kvqs_own_status_write_decides_from_what_the_write_returned() -> None:
-    from kvq.k8s.status import StoredForms
+    from kvq.k8s.status_writer import StoredForms
 
     forms = StoredForms()
     read = {"metadata": {"uid": "u1", "resourceVersion": "5"}, "status": {}}

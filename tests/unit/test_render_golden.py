@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.render import render_manifests
 from kvq.render.manifests import evidence_script
 from tests.unit.render_cases import isvc, pool, settings

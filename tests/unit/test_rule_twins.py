@@ -26,7 +26,7 @@ from kvq.api.credentials import (
     is_credential_env,
     is_credential_flag,
 )
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.api.rules import FieldRule
 
 _ENV = celpy.Environment()

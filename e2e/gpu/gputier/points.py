@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.catalog.engines import EngineCapability, load_engine_catalog, version_from_image
 from kvq.catalog.models import ModelArchitecture, load_model_catalog
 from kvq.placement.pool import NodePool

@@ -6,16 +6,8 @@ from typing import Any
 
 import yaml
 
-from kvq.api.models import (
-    CATEGORIES,
-    GROUP,
-    KIND,
-    PLURAL,
-    SHORT_NAMES,
-    SINGULAR,
-    VERSION,
-    InferenceService,
-)
+from kvq.api.keys import CATEGORIES, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from kvq.api.resource import InferenceService
 from kvq.api.schema import JsonDict, structural_schema
 from kvq.api.spec import InferenceServiceSpec
 from kvq.api.status import InferenceServiceStatus

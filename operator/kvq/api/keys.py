@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+# The InferenceService resource.
 GROUP = "kvq.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+SHORT_NAMES = ("kis",)
+CATEGORIES = ("kvq",)
 
 # Labels on everything kvq renders.
 LABEL_NAME = "app.kubernetes.io/name"

@@ -8,9 +8,8 @@ from pydantic import Field
 
 from kvq.api.base import KubeModel
 
+# Every condition kvq writes, in the order status lists them.
 ConditionType = Literal[
-    "QualityVerified",
-    "Routing",
     "Ready",
     "Reconciling",
     "Stalled",
@@ -19,6 +18,8 @@ ConditionType = Literal[
     "Degraded",
     "CapacityMismatch",
     "Autoscaling",
+    "Routing",
+    "QualityVerified",
 ]
 ConditionStatus = Literal["True", "False", "Unknown"]
 

@@ -25,13 +25,14 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from kvq.api.crd import openapi_schema
-from kvq.api.models import API_VERSION, KIND, InferenceService
+from kvq.api.keys import API_VERSION, KIND
 from kvq.api.names import (
     ANNOTATIONS_MAX_BYTES,
     annotation_key_errors,
     label_key_errors,
     label_value_errors,
 )
+from kvq.api.resource import InferenceService
 from kvq.api.rules import DUPLICATE_ERROR, RULE_ERROR
 
 # The fields of a Kubernetes ObjectMeta (k8s.io/apimachinery metav1.ObjectMeta, JSON names).

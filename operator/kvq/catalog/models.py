@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-AttentionKind = Literal["gqa", "mla"]
+from kvq.api.architecture import AttentionKind
 
 # Families whose config.json may omit these keys; the Transformers class default applies.
 _TIED_BY_DEFAULT = ("gemma",)

@@ -13,7 +13,7 @@ def validate(
     file: Annotated[str, typer.Option("-f", "--filename", help="YAML file, or - for stdin")],
 ) -> None:
     """Check InferenceServices with the same verdicts and messages as the CRD at apply time."""
-    from kvq.api.models import KIND
+    from kvq.api.keys import KIND
     from kvq.api.validation import find_violations
 
     failed = False

@@ -4,21 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import get_args
 
-from kvq.api.status import Condition, ConditionStatus
+from kvq.api.status import Condition, ConditionStatus, ConditionType
 
-CONDITION_ORDER = (
-    "Ready",
-    "Reconciling",
-    "Stalled",
-    "Placed",
-    "FallbackActive",
-    "Degraded",
-    "CapacityMismatch",
-    "Autoscaling",
-    "Routing",
-    "QualityVerified",
-)
+CONDITION_ORDER: tuple[ConditionType, ...] = get_args(ConditionType)
 
 
 @dataclass(frozen=True)
@@ -52,7 +42,7 @@ def merge_conditions(
             last_transition_time=since,
             observed_generation=generation,
         )
-    order = {name: i for i, name in enumerate(CONDITION_ORDER)}
+    order: dict[str, int] = {name: i for i, name in enumerate(CONDITION_ORDER)}
     return sorted(by_type.values(), key=lambda c: (order.get(c.type, len(order)), c.type))
 
 

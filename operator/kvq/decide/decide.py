@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from kvq.api import keys
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.api.status import Condition, InferenceServiceStatus, TierStatus
 from kvq.api.tiers import TierSpec
 from kvq.decide.conditions import ConditionUpdate, condition, merge_conditions

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvq.api import keys
-from kvq.api.models import API_VERSION, KIND, InferenceService
+from kvq.api.keys import API_VERSION, KIND
+from kvq.api.resource import InferenceService
 from kvq.api.tiers import TierSpec
 from kvq.catalog.models import ModelArchitecture
 from kvq.decide.place import RungPlacement

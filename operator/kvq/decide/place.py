@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.catalog.engines import EngineCapability
 from kvq.catalog.models import ModelArchitecture
 from kvq.fallback.ladder import Rung, RungState

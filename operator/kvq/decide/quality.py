@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kvq.api import keys
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.api.status import InferenceServiceStatus, QualityStatus
 from kvq.decide.conditions import ConditionUpdate
 from kvq.decide.types import Manifest, Snapshot

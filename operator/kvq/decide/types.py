@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.catalog.engines import EngineCatalog
 from kvq.catalog.gpus import GpuCatalog
 from kvq.catalog.models import ModelCatalog

@@ -19,12 +19,12 @@ from kvq.catalog.engines import EngineCapability, EngineVersionError
 from kvq.catalog.models import ModelArchitecture
 from kvq.decide.autoscale import autoscale
 from kvq.decide.conditions import condition
-from kvq.decide.engines import EngineFindings, current_pods, examine_pods, tally_failures
+from kvq.decide.decision import Decision, build_status, rolled_out
 from kvq.decide.events import decision_events
 from kvq.decide.manifests import Rendered, owned_by, render_rung
 from kvq.decide.place import RungPlacement, place_rungs
+from kvq.decide.pod_findings import EngineFindings, current_pods, examine_pods, tally_failures
 from kvq.decide.quality import QualityGate, probe_job, read_probe
-from kvq.decide.status import Decision, build_status, rolled_out
 from kvq.decide.types import ObjectRef, Plan, Snapshot
 from kvq.fallback.classifier import Action
 from kvq.fallback.key import ladder_key

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvq.api.credentials import redact_text
+from kvq.fallback.classifier import FailureKind
 
-MODEL_UNAVAILABLE = "ModelUnavailable"
 FETCH_CONTAINER = "kvq-fetch"
 """The init container's name in the engine pod."""
 _EXCERPT_CHARS = 600
@@ -188,7 +188,7 @@ def classify_fetch_failure(termination_message: str) -> tuple[str, str]:
     message = f"the model could not be downloaded: {failure.explanation}"
     if evidence:
         message += f" ({evidence})"
-    return MODEL_UNAVAILABLE, message
+    return FailureKind.MODEL_UNAVAILABLE, message
 
 
 def _excerpt(line: str) -> str:

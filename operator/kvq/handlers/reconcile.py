@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
 from kvq.catalog.engines import EngineVersionError
 from kvq.decide import decide
@@ -29,7 +29,7 @@ from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.executor import WRITES, ExecutionResult, Memory, execute
 from kvq.k8s.logs import read_log_tails
-from kvq.k8s.status import ObjectGoneError, StatusConflictError, write_status
+from kvq.k8s.status_writer import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 from kvq.observe.prometheus import PrometheusReader
 from kvq.placement.fleet import Fleet

@@ -35,7 +35,7 @@ from kvq.decide.types import Plan
 from kvq.k8s.apply import SameAsServer, apply_manifest, delete_object
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
-from kvq.k8s.status import StoredForms, write_status
+from kvq.k8s.status_writer import StoredForms, write_status
 from kvq.metrics import WRITE_WAIT_SECONDS
 
 log = logging.getLogger("kvq.executor")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvq.api.engine import MANAGED_FLAGS
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.catalog.engines import EngineCapability
 from kvq.placement.pool import NodePool
 from kvq.render.model_source import ModelSource, resolve_model_source

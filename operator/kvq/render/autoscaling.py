@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvq.api.models import API_VERSION, KIND, InferenceService
+from kvq.api.keys import API_VERSION, KIND
+from kvq.api.resource import InferenceService
 from kvq.api.tiers import TierSpec
 from kvq.catalog.engines import EngineMetrics
 from kvq.render.manifests import labels_for, workload_name

@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from kvq.api import keys
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.api.tiers import TierSpec
 from kvq.placement.choice import GPU_TAINT_KEYS
 from kvq.placement.pool import NodePool

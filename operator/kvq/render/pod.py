@@ -28,8 +28,8 @@ from kvq import __version__
 from kvq.api.engine import ResourceAmounts
 from kvq.api.environment import EnvFromSource, EnvVar
 from kvq.api.model_cache import CacheVolumeClaim
-from kvq.api.models import InferenceService
 from kvq.api.quantity import quantity_value
+from kvq.api.resource import InferenceService
 from kvq.fetch.failures import FETCH_CONTAINER
 from kvq.fetch.layout import CACHE_MOUNT, FETCH_HOME, MODEL_LINK, MODEL_LINK_DIR
 from kvq.render.settings import EffectiveSettings, RenderError

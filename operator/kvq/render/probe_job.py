@@ -12,7 +12,7 @@ import hashlib
 from typing import Any
 
 from kvq.api import keys
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.render.args import ENGINE_PORT
 from kvq.render.manifests import labels_for, workload_name
 

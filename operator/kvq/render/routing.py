@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.api.tiers import MODEL_HEADER, TierSpec
 from kvq.render.args import ENGINE_PORT
 from kvq.render.manifests import labels_for, selector_for, workload_name

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kvq.api.models import InferenceService
+from kvq.api.resource import InferenceService
 from kvq.catalog.engines import (
     DEFAULT_IMAGE,
     EngineCapability,

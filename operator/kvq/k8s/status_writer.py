@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from kvq.api import keys
-from kvq.api.models import GROUP, KIND, PLURAL, VERSION
+from kvq.api.keys import GROUP, KIND, PLURAL, VERSION
 from kvq.decide.types import Manifest
 from kvq.k8s.clients import Clients
 from kvq.metrics import count_write

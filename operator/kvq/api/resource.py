@@ -1,4 +1,5 @@
-"""The InferenceService resource (`kvq.dev/v1alpha1`) and its identity."""
+"""The InferenceService resource (`kvq.dev/v1alpha1`): metadata, spec and status; its group,
+version and names are in `kvq.api.keys`."""
 
 from __future__ import annotations
 
@@ -11,15 +12,6 @@ from kvq.api.base import KubeModel
 from kvq.api.rules import Rule
 from kvq.api.spec import InferenceServiceSpec
 from kvq.api.status import InferenceServiceStatus
-
-GROUP = "kvq.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "InferenceService"
-PLURAL = "inferenceservices"
-SINGULAR = "inferenceservice"
-SHORT_NAMES = ("kis",)
-CATEGORIES = ("kvq",)
 
 # The name becomes the Deployment's and the Service's; a Service name is a DNS-1035 label.
 _NAME_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
