@@ -42,8 +42,9 @@ test-gateway: binaries prometheus engine-model
 	rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no gateway tests" >&2; exit 1; fi; exit $$rc
 
+# The dev tooling (e2e/devcluster) runs from the repository root; it is not in the kvq package.
 demo:
-	$(VENV)/bin/kvq demo
+	$(PY) -m e2e.devcluster demo
 
 # The CRD is generated from the API models; the chart ships the same file.
 crd:
@@ -82,13 +83,13 @@ binaries: # etcd, kube-apiserver/-controller-manager/-scheduler, KWOK, Helm, KED
 build-k8s: binaries
 
 cluster-up: binaries # local control plane with the $(PROFILE) GPU pools; prints its KUBECONFIG
-	$(VENV)/bin/kvq dev-cluster up --profile $(PROFILE) $(if $(KUBECONFIG_OUT),--kubeconfig $(KUBECONFIG_OUT))
+	$(PY) -m e2e.devcluster up --profile $(PROFILE) $(if $(KUBECONFIG_OUT),--kubeconfig $(KUBECONFIG_OUT))
 
 cluster-down:
-	$(VENV)/bin/kvq dev-cluster down
+	$(PY) -m e2e.devcluster down
 
 cluster-status:
-	$(VENV)/bin/kvq dev-cluster status
+	$(PY) -m e2e.devcluster status
 
 .PHONY: gpu-bundle test-gpu
 gpu-bundle: # offline vLLM 0.26.0 bundle for a GPU machine without internet (e2e/gpu/README.md)

@@ -5,7 +5,7 @@ one cluster for the whole session (building the pinned binaries if they are not 
 the session's end stops it. Tests that ask for none of these never start anything.
 
 Opt-in add-ons on that cluster: a test that asks for `keda` or `gateway` starts that add-on
-once for the session (built on first use; see kvq.devcluster.addons).
+once for the session (built on first use; see e2e.devcluster.addons).
 
 Environment: KVQ_TEST_PROFILE picks the cluster profile (default hetero);
 KVQ_TEST_CLUSTER names the run dir (default: one per checkout and pytest process, removed
@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.devcluster import cluster
+from e2e.devcluster.addons import start_addons
+from e2e.devcluster.binaries import Binaries, BinaryBuildError, ensure_binaries
+from e2e.devcluster.clients import Kube, api_client, close_client
+from e2e.devcluster.waits import wait_until
 from kubernetes import client as k8s
-
-from kvq.devcluster import cluster
-from kvq.devcluster.addons import start_addons
-from kvq.devcluster.binaries import Binaries, BinaryBuildError, ensure_binaries
-from kvq.devcluster.clients import Kube, api_client, close_client
-from kvq.devcluster.waits import wait_until
 
 CLUSTER_START_TIMEOUT = 300.0
 

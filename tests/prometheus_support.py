@@ -6,11 +6,11 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from e2e.devcluster.waits import wait_until
 from e2e.prometheus import server as prometheus_server
 
 from kvq.catalog.engines import EngineMetrics
 from kvq.decide.metrics import EngineReading
-from kvq.devcluster.waits import wait_until
 from kvq.observe.prometheus import PrometheusReader
 
 __all__ = ["prometheus_server", "require_prometheus", "wait_for_reading"]

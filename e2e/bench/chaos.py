@@ -33,16 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.devcluster import cluster
+from e2e.devcluster.clients import Kube, api_client
+from e2e.devcluster.peering import peering_crds, peering_object
+from e2e.devcluster.ports import allocate_ports
+from e2e.devcluster.waits import WaitTimeoutError, wait_until
 from kubernetes import client as k8s
 
 from kvq.api import keys
 from kvq.api.crd import crd_manifest
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.devcluster import cluster
-from kvq.devcluster.clients import Kube, api_client
-from kvq.devcluster.ports import allocate_ports
-from kvq.devcluster.waits import WaitTimeoutError, wait_until
-from kvq.k8s.peering import peering_crds, peering_object
 
 NAMESPACE = "chaos"
 PEERING = "kvq-chaos"

@@ -38,16 +38,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from e2e.devcluster import cluster
+from e2e.devcluster.clients import Kube, api_client
+from e2e.devcluster.ports import allocate_ports
+from e2e.devcluster.waits import wait_until
 from kubernetes import client as k8s
 from kubernetes import watch
 
 from kvq.api import keys
 from kvq.api.crd import crd_manifest
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.devcluster import cluster
-from kvq.devcluster.clients import Kube, api_client
-from kvq.devcluster.ports import allocate_ports
-from kvq.devcluster.waits import wait_until
 
 NAMESPACE = "bench"
 OPERATOR_NAMESPACE = "kvq-system"

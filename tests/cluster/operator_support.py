@@ -12,6 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.ports import allocate_ports
+from e2e.devcluster.waits import wait_until
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from prometheus_client import REGISTRY
@@ -19,9 +22,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvq.api.crd import crd_manifest
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.ports import allocate_ports
-from kvq.devcluster.waits import wait_until
 
 
 def apply_object(kube: Kube, body: dict[str, Any]) -> None:

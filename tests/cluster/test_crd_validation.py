@@ -7,10 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import has_condition, wait_until
 from kubernetes.client.exceptions import ApiException
-
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import has_condition, wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -4,8 +4,7 @@ them): run on a cluster of its own, as a user runs it."""
 from __future__ import annotations
 
 import pytest
-
-from kvq.devcluster.demo import run_demo
+from e2e.devcluster.demo import run_demo
 
 pytestmark = pytest.mark.cluster
 

@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_for_deletion, wait_until
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -22,8 +24,6 @@ from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
 from kvq.decide.types import Catalogs, EventSpec, ObjectRef, OperatorConfig, Plan
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_for_deletion, wait_until
 from kvq.handlers.reconcile import Observed, Runtime, reconcile
 from kvq.k8s.clients import Clients
 from kvq.k8s.executor import ExecutionResult, Memory, execute

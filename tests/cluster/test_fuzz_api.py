@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e.devcluster.clients import Kube
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
@@ -44,7 +45,6 @@ from kvq.catalog.models import load_model_catalog
 from kvq.decide.manifests import render_rung
 from kvq.decide.place import RungPlacement
 from kvq.decide.types import Catalogs
-from kvq.devcluster.clients import Kube
 from kvq.fallback.ladder import Rung, RungState
 from kvq.k8s.apply import server_side_apply
 from kvq.placement.choice import PoolChoice, PoolVerdict

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import is_running_and_ready, wait_for_deletion, wait_for_pod, wait_until
 from kubernetes import client as k8s
 
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import is_running_and_ready, wait_for_deletion, wait_for_pod, wait_until
 from tests.cluster.manifests import gpu_deployment
 
 pytestmark = pytest.mark.cluster

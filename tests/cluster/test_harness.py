@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e.devcluster import cluster, pki
+from e2e.devcluster.binaries import ensure_binaries
+from e2e.devcluster.clients import Kube
 from kubernetes import client as k8s
-
-from kvq.devcluster import cluster, pki
-from kvq.devcluster.binaries import ensure_binaries
-from kvq.devcluster.clients import Kube
 
 pytestmark = pytest.mark.cluster
 

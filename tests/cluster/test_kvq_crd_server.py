@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e.devcluster.clients import Kube
 
-from kvq.devcluster.clients import Kube
 from tests.cluster.operator_support import install_kvq_crd
 from tests.unit.test_api_validation import CASES, build_case
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import (
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import (
     container_status,
     is_running_and_ready,
     wait_for_pod,
     waiting_reason,
 )
+
 from tests.cluster.manifests import container, pod
 
 pytestmark = pytest.mark.cluster

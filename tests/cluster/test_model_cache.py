@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_for_pod, wait_until
 
 from kvq.api.resource import InferenceService
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_for_pod, wait_until
 from kvq.fallback.evidence import evidence_from_pod
 from kvq.fetch.failures import classify_fetch_failure, fetch_termination_message
 from kvq.placement.pool import pool_for_gpu

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_until
 from e2e.prometheus.server import RunningPrometheus, ScrapeTarget, prometheus_running
 
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_until
 from tests.cluster.operator_support import (
     OperatorProcess,
     create_isvc,

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_until
 
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_until
 from tests.cluster.operator_support import (
     OperatorProcess,
     create_isvc,

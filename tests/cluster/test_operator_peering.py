@@ -6,11 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2e.devcluster import peering
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_until
 
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_until
-from kvq.k8s import peering
 from tests.cluster.operator_support import (
     OperatorProcess,
     apply_object,
@@ -61,7 +61,7 @@ def replicas(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[list[Operat
 
 def live_peers(kube: Kube, namespace: str) -> dict[str, object]:
     found = kube.custom.get_namespaced_custom_object(
-        peering.GROUP, peering.VERSION, namespace, "kopfpeerings", PEERING
+        peering.PEERING_GROUP, peering.PEERING_VERSION, namespace, "kopfpeerings", PEERING
     )
     return dict(found.get("status") or {})
 

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.devcluster.binaries import locate_binaries
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_for_deletion, wait_until
 
 from kvq.api import keys
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.devcluster.binaries import locate_binaries
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_for_deletion, wait_until
 from kvq.handlers.controller import COALESCE_SECONDS
 from tests.cluster.operator_support import (
     OperatorProcess,

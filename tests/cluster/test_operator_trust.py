@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.devcluster.binaries import locate_binaries
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_until
 from kubernetes import watch
 
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.devcluster.binaries import locate_binaries
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_until
 from tests.cluster.operator_support import (
     OperatorProcess,
     create_isvc,

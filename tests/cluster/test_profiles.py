@@ -5,8 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-
-from kvq.devcluster.profiles import load_profile, node_manifests, scale_profile
+from e2e.devcluster.profiles import load_profile, node_manifests, scale_profile
 
 GFD_KEYS = [
     "nvidia.com/gpu.product",

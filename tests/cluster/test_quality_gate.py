@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_until
 from kubernetes import client as k8s
 
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_until
 from tests.cluster.operator_support import (
     OperatorProcess,
     create_isvc,

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_until
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import condition, has_condition, is_running_and_ready, wait_for_pod
 
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import condition, has_condition, is_running_and_ready, wait_for_pod
 from tests.cluster.manifests import gpu_deployment, pod
 
 pytestmark = pytest.mark.cluster

@@ -23,13 +23,13 @@ from typing import Any
 
 import openai
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_until
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_until
 from tests.cluster.operator_support import install_kvq_crd, operator_running, read_isvc
 from tests.engine.conftest import EnginePool, require_fp8
 from tests.engine.launch import PROBE_MODEL, EngineCase, ServedEngine, cpu_features

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from kvq.devcluster.binaries import build_components, locate_binaries
+from e2e.devcluster.binaries import build_components, locate_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kvq"

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from kvq.devcluster.binaries import locate_binaries
-from kvq.devcluster.ports import allocate_ports
-from kvq.devcluster.waits import wait_until
+from e2e.devcluster.binaries import locate_binaries
+from e2e.devcluster.ports import allocate_ports
+from e2e.devcluster.waits import wait_until
 
 # What kopf and the API server say when RBAC refuses a request (not other 403s, such as
 # writes into a namespace being deleted by another test).

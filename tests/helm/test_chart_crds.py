@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-
-from kvq.k8s.peering import peering_crds
+from e2e.devcluster.peering import peering_crds
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_CRDS = ROOT / "charts" / "kvq" / "crds"

@@ -13,11 +13,11 @@ from typing import Any, NamedTuple, cast
 
 import pytest
 import yaml
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import wait_until
 from kubernetes.client.exceptions import ApiException
 
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import wait_until
 from tests.helm.chart import CHART, ROOT, helm, values_file
 from tests.helm.cluster_support import (
     kubectl,

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from e2e.devcluster.clients import Kube
 from kubernetes import client as k8s
 
-from kvq.devcluster.clients import Kube
 from tests.helm.chart import CHART, helm, values_file
 
 pytestmark = pytest.mark.helm

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,19 @@ def test_install_steps_give_a_working_kvq_outside_the_repo(tmp_path: Path) -> No
         return done.stdout
 
     assert "run" in run("--help")
+    # The image ships the operator, not the dev cluster: no dev-cluster or demo command.
+    for dev_command in ("dev-cluster", "demo"):
+        missing = subprocess.run(
+            [str(kvq), dev_command, "--help"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert missing.returncode == 2, missing.stdout[-3000:]
+        assert "No such command" in missing.stderr
     help_text = run("run", "--help")
     assert [f for f in CHART_FLAGS if f not in help_text] == []
     # The installed package, not the checkout, with the catalogs `kvq run` loads at start.
@@ -117,7 +131,10 @@ def test_install_steps_give_a_working_kvq_outside_the_repo(tmp_path: Path) -> No
         "from kvq.catalog.gpus import load_gpu_catalog\n"
         "from kvq.catalog.models import load_model_catalog\n"
         "load_gpu_catalog(), load_engine_catalog(), load_model_catalog()\n"
+        "import importlib.util\n"
         "print(kvq.__file__)\n"
+        "dev = ('cryptography', 'e2e', 'kvq.devcluster')\n"
+        "print([m for m in dev if importlib.util.find_spec(m)])\n"
     )
     where = subprocess.run(
         [str(prefix / "bin" / "python"), "-c", probe],
@@ -128,5 +145,11 @@ def test_install_steps_give_a_working_kvq_outside_the_repo(tmp_path: Path) -> No
         check=False,
     )
     assert where.returncode == 0, where.stderr[-3000:]
-    assert where.stdout.strip().startswith(str(prefix))
+    installed_at, dev_modules = where.stdout.strip().splitlines()
+    assert installed_at.startswith(str(prefix))
+    # Neither the dev cluster nor its PKI library (cryptography, a dev extra) is installed.
+    assert dev_modules == "[]"
+    wheel = next(dist.glob("kvq-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        assert [n for n in archive.namelist() if "devcluster" in n or n.startswith("e2e/")] == []
     assert "CustomResourceDefinition" in run("crd")

@@ -15,9 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from kvq.devcluster.binaries import BinaryBuildError, build_components
-from kvq.devcluster.waits import wait_until
+from e2e.devcluster.binaries import BinaryBuildError, build_components
+from e2e.devcluster.waits import wait_until
 
 E2E = Path(__file__).resolve().parents[2] / "e2e"
 

@@ -16,9 +16,9 @@ from contextlib import ExitStack
 from typing import Any
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import is_running_and_ready, wait_for_pod, wait_until
 
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import is_running_and_ready, wait_for_pod, wait_until
 from tests.infra.servers import NamedServer, named_server
 
 pytestmark = pytest.mark.cluster

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.waits import has_condition, is_running_and_ready, wait_for_pod, wait_until
 from e2e.prometheus.server import RunningPrometheus, ScrapeTarget, prometheus_running
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from kvq.devcluster.clients import Kube
-from kvq.devcluster.waits import has_condition, is_running_and_ready, wait_for_pod, wait_until
 from tests.infra.servers import MetricsServer, metrics_server, vllm_exposition
 from tests.prometheus_support import require_prometheus
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from e2e.devcluster.profiles import load_profile, node_manifests
 
 from kvq.api.scheduling import Toleration
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
-from kvq.devcluster.profiles import load_profile, node_manifests
 from kvq.placement.choice import PoolRequest, choose_pool
 from kvq.placement.discovery import discover_pools
 

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.devcluster.profiles import load_profile, node_manifests
 
 from kvq.api.resource import InferenceService
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
 from kvq.decide import Catalogs, OperatorConfig, Plan, Snapshot, decide
-from kvq.devcluster.profiles import load_profile, node_manifests
 from kvq.fallback.ladder import LadderPolicy
 from kvq.placement.discovery import GpuPod, Reservation
 

@@ -6,12 +6,12 @@ import copy
 from typing import Any
 
 import pytest
+from e2e.devcluster.profiles import load_profile, node_manifests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvq.api import keys
 from kvq.catalog.gpus import load_gpu_catalog
-from kvq.devcluster.profiles import load_profile, node_manifests
 from kvq.placement.discovery import (
     GpuPod,
     Inventory,

@@ -7,12 +7,12 @@ import copy
 import itertools
 from typing import Any
 
+from e2e.devcluster.profiles import load_profile, node_manifests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvq.api import keys
 from kvq.catalog.gpus import load_gpu_catalog
-from kvq.devcluster.profiles import load_profile, node_manifests
 from kvq.placement.discovery import GpuPod, Reservation, discover_pools
 from kvq.placement.fleet import Fleet
 from kvq.placement.pool import OwnerKey

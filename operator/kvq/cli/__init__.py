@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kvq.cli import crd, demo, diagnose, fetch, plan, probe, render, run, validate
+from kvq.cli import crd, diagnose, fetch, plan, probe, render, run, validate
 
 app = typer.Typer(
     name="kvq",
@@ -13,14 +13,6 @@ app = typer.Typer(
     add_completion=False,
 )
 
-
-def _mount_dev_cluster() -> None:
-    from kvq.devcluster.cli import app as dev_cluster_app
-
-    app.add_typer(dev_cluster_app, name="dev-cluster")
-
-
-_mount_dev_cluster()
 for command in (
     crd.crd,
     validate.validate,
@@ -28,7 +20,6 @@ for command in (
     render.render,
     fetch.fetch,
     probe.probe,
-    demo.demo,
     diagnose.diagnose,
     run.run,
 ):

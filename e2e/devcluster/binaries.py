@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from kvq.devcluster.paths import cache_dir, e2e_dir, read_versions
+from e2e.devcluster.paths import cache_dir, e2e_dir, read_versions
 
 # A cold build of every component took 15-37 minutes on this project's 2-core machine,
 # depending on what else ran; an hour is the budget unless KVQ_BUILD_TIMEOUT_S says otherwise.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# operator/kvq/devcluster/paths.py -> the checkout holding e2e/ (kvq is installed editable).
-_CHECKOUT = Path(__file__).resolve().parents[3]
+# e2e/devcluster/paths.py -> the checkout holding e2e/.
+_CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def e2e_dir() -> Path:

@@ -1,5 +1,5 @@
 """What a running dev cluster costs: each component's CPU and RSS over a window, and the API
-server's request rate (from its own /metrics), for `kvq dev-cluster usage`."""
+server's request rate (from its own /metrics), for `python -m e2e.devcluster usage`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvq.devcluster.processes import Running, is_alive
-from kvq.devcluster.rest import Rest
+from e2e.devcluster.processes import Running, is_alive
+from e2e.devcluster.rest import Rest
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _REQUESTS = re.compile(r"^apiserver_request_total\{([^}]*)\} (\S+)$", re.M)

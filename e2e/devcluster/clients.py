@@ -12,7 +12,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 if TYPE_CHECKING:
-    from kvq.devcluster.cluster import ClusterState
+    from e2e.devcluster.cluster import ClusterState
 
 
 def api_client(kubeconfig: Path | str) -> k8s.ApiClient:

@@ -19,13 +19,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from kvq.devcluster.addons import apply_all, load_manifests, wait_condition
-from kvq.devcluster.binaries import build_components, cached_binary, cached_manifests
-from kvq.devcluster.cluster import ClusterState, launch_component, wait_alive
-from kvq.devcluster.kubeconfig import write_kubeconfig
-from kvq.devcluster.pki import CLIENT_AUTH, SERVER_AUTH, Identity, issue_cert
-from kvq.devcluster.ports import allocate_ports
-from kvq.devcluster.rest import get_ok, tls_context
+from e2e.devcluster.addons import apply_all, load_manifests, wait_condition
+from e2e.devcluster.binaries import build_components, cached_binary, cached_manifests
+from e2e.devcluster.cluster import ClusterState, launch_component, wait_alive
+from e2e.devcluster.kubeconfig import write_kubeconfig
+from e2e.devcluster.pki import CLIENT_AUTH, SERVER_AUTH, Identity, issue_cert
+from e2e.devcluster.ports import allocate_ports
+from e2e.devcluster.rest import get_ok, tls_context
 
 NAMESPACE = "keda"
 # Upstream's names (config/metrics-server), so KEDA's docs and `kubectl get apiservice` read

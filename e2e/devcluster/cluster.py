@@ -18,22 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from kvq.devcluster import pki as pki_ids
-from kvq.devcluster.binaries import Binaries, ensure_binaries
-from kvq.devcluster.kubeconfig import write_kubeconfig
-from kvq.devcluster.paths import e2e_dir, run_dir
-from kvq.devcluster.pki import KeyPair, Pki, write_pki
-from kvq.devcluster.ports import allocate_ports
-from kvq.devcluster.processes import Running, is_alive, start_process, stop_process
-from kvq.devcluster.profiles import (
+from e2e.devcluster import pki as pki_ids
+from e2e.devcluster.binaries import Binaries, ensure_binaries
+from e2e.devcluster.kubeconfig import write_kubeconfig
+from e2e.devcluster.paths import e2e_dir, run_dir
+from e2e.devcluster.pki import KeyPair, Pki, write_pki
+from e2e.devcluster.ports import allocate_ports
+from e2e.devcluster.processes import Running, is_alive, start_process, stop_process
+from e2e.devcluster.profiles import (
     KWOK_NODE_ANNOTATION,
     load_profile,
     node_manifests,
     scale_profile,
 )
-from kvq.devcluster.rest import Rest, get_ok, tls_context
-from kvq.devcluster.waits import WaitTimeoutError, wait_until
+from e2e.devcluster.rest import Rest, get_ok, tls_context
+from e2e.devcluster.waits import WaitTimeoutError, wait_until
 
 PORT_NAMES = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"]
 STATE_FILE = "state.json"
@@ -61,7 +60,7 @@ class ClusterState:
     startup_seconds: float = 0.0
     # Seconds from the start of `up` to each milestone, to see where start-up time goes.
     milestones: dict[str, float] = field(default_factory=dict)
-    # Add-ons started on this cluster (kvq.devcluster.addons): name -> what each exposes.
+    # Add-ons started on this cluster (e2e.devcluster.addons): name -> what each exposes.
     addons: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def save(self) -> None:

@@ -21,14 +21,14 @@ import urllib.error
 from pathlib import Path
 from typing import Any
 
-from kvq.devcluster.addons import apply_all, load_manifests, wait_condition
-from kvq.devcluster.binaries import build_components, cached_binary, cached_manifests
-from kvq.devcluster.cluster import ClusterStartError, ClusterState, launch_component, wait_alive
-from kvq.devcluster.kubeconfig import write_kubeconfig
-from kvq.devcluster.pki import CLIENT_AUTH, Identity, issue_cert
-from kvq.devcluster.ports import allocate_ports
-from kvq.devcluster.profiles import KWOK_NODE_ANNOTATION
-from kvq.devcluster.rest import Rest, get_ok
+from e2e.devcluster.addons import apply_all, load_manifests, wait_condition
+from e2e.devcluster.binaries import build_components, cached_binary, cached_manifests
+from e2e.devcluster.cluster import ClusterStartError, ClusterState, launch_component, wait_alive
+from e2e.devcluster.kubeconfig import write_kubeconfig
+from e2e.devcluster.pki import CLIENT_AUTH, Identity, issue_cert
+from e2e.devcluster.ports import allocate_ports
+from e2e.devcluster.profiles import KWOK_NODE_ANNOTATION
+from e2e.devcluster.rest import Rest, get_ok
 
 NAMESPACE = "kvq-gateway"
 GATEWAY_CLASS = "traefik"

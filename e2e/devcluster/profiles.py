@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from e2e.devcluster.paths import e2e_dir
 from pydantic import BaseModel, ConfigDict, Field
-
-from kvq.devcluster.paths import e2e_dir
 
 # KWOK manages only nodes that carry this annotation (see kwok's
 # --manage-nodes-with-annotation-selector in cluster.py).

@@ -3,15 +3,17 @@
 Each replica keeps a heartbeat in the status of one peering object (KopfPeering in a
 namespace, ClusterKopfPeering for a cluster-wide operator); the highest priority wins and
 the others pause until its heartbeat expires. kopf does not create these objects: the chart
-installs the CRDs below and one object named like `kvq run --peering NAME`.
+installs the CRDs (charts/kvq/crds/kopf-peerings.yaml, held equal to `peering_crds()` by
+tests/helm/test_chart_crds.py) and one object named like `kvq run --peering NAME`; the
+tests and `make chaos` create them here on the dev cluster.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-GROUP = "kopf.dev"
-VERSION = "v1"
+PEERING_GROUP = "kopf.dev"
+PEERING_VERSION = "v1"
 
 
 def peering_crds() -> list[dict[str, Any]]:
@@ -25,7 +27,7 @@ def peering_object(name: str, namespace: str | None) -> dict[str, Any]:
     if namespace is not None:
         metadata["namespace"] = namespace
     kind = "KopfPeering" if namespace is not None else "ClusterKopfPeering"
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": metadata}
+    return {"apiVersion": f"{PEERING_GROUP}/{PEERING_VERSION}", "kind": kind, "metadata": metadata}
 
 
 def _crd(scope: str, kind: str) -> dict[str, Any]:
@@ -33,14 +35,14 @@ def _crd(scope: str, kind: str) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}"},
+        "metadata": {"name": f"{plural}.{PEERING_GROUP}"},
         "spec": {
-            "group": GROUP,
+            "group": PEERING_GROUP,
             "scope": scope,
             "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
             "versions": [
                 {
-                    "name": VERSION,
+                    "name": PEERING_VERSION,
                     "served": True,
                     "storage": True,
                     "schema": {

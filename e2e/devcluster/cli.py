@@ -1,4 +1,5 @@
-"""`kvq dev-cluster up|down|status`: the local control plane from the command line."""
+"""`python -m e2e.devcluster up|down|status|usage|demo`: the local control plane from the
+command line, and the demo on it."""
 
 from __future__ import annotations
 
@@ -7,16 +8,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from e2e.devcluster import cluster
+from e2e.devcluster.addons import ADDON_NAMES, start_addons
+from e2e.devcluster.binaries import BinaryBuildError, ensure_binaries
+from e2e.devcluster.profiles import load_profile, scale_profile
 from pydantic import ValidationError
 
-from kvq.devcluster import cluster
-from kvq.devcluster.addons import ADDON_NAMES, start_addons
-from kvq.devcluster.binaries import BinaryBuildError, ensure_binaries
-from kvq.devcluster.profiles import load_profile, scale_profile
-
 app = typer.Typer(
-    help="Local Kubernetes control plane (real etcd/apiserver/controllers, KWOK GPU nodes).",
+    name="python -m e2e.devcluster",
+    help="Local Kubernetes control plane (real etcd/apiserver/controllers, KWOK GPU nodes), "
+    "and the demo on it. Development and test tooling: not part of the kvq package.",
     no_args_is_help=True,
+    add_completion=False,
 )
 
 NameOption = Annotated[str, typer.Option("--name", help="Cluster name (one run dir per name).")]
@@ -109,7 +112,7 @@ def usage(
     seconds: Annotated[float, typer.Option(min=1.0, help="Length of the window.")] = 60.0,
 ) -> None:
     """Each component's CPU (cores) and RSS, and the API server's requests/s by verb."""
-    from kvq.devcluster.usage import measure_usage
+    from e2e.devcluster.usage import measure_usage
 
     state = cluster.ClusterState.load(name)
     if state is None:
@@ -125,3 +128,13 @@ def usage(
     rates = ", ".join(f"{verb} {rate}" for verb, rate in measured.requests_per_second.items())
     total = sum(measured.requests_per_second.values())
     typer.echo(f"API requests/s: {total:.2f} ({rates})")
+
+
+@app.command()
+def demo(
+    profile: Annotated[str, typer.Option(help="Cluster profile (e2e/clusters)")] = "hetero",
+) -> None:
+    """Local control plane + operator + examples: placement, static and runtime fallback."""
+    from e2e.devcluster.demo import run_demo
+
+    raise typer.Exit(run_demo(profile=profile))

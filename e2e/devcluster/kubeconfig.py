@@ -6,8 +6,7 @@ import base64
 from pathlib import Path
 
 import yaml
-
-from kvq.devcluster.pki import KeyPair
+from e2e.devcluster.pki import KeyPair
 
 
 def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, client: KeyPair, user: str) -> Path:

@@ -1,7 +1,7 @@
 """Opt-in add-ons of a running dev cluster: `keda` (autoscaling) and `gateway` (Gateway API).
 
 None starts with a plain `up`: the default cluster stays as fast as before. An add-on is
-started on a running cluster (`kvq dev-cluster up --addons keda,gateway`, or a pytest
+started on a running cluster (`python -m e2e.devcluster up --addons keda,gateway`, or a pytest
 fixture on the session's cluster); its processes join the cluster's state, so `down` stops
 them with the rest. What each add-on exposes (URLs, names) lands in `state.addons[name]`.
 """
@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from kvq.devcluster.cluster import ClusterStartError, ClusterState, admin_rest, wait_alive
-from kvq.devcluster.rest import Rest, object_path
-from kvq.devcluster.waits import WaitTimeoutError, wait_until
+from e2e.devcluster.cluster import ClusterStartError, ClusterState, admin_rest, wait_alive
+from e2e.devcluster.rest import Rest, object_path
+from e2e.devcluster.waits import WaitTimeoutError, wait_until
 
 ADDON_NAMES = ("keda", "gateway")
 DEFAULT_ADDON_TIMEOUT = 180.0
@@ -46,10 +45,10 @@ def start_addons(
 def _starter(name: str) -> Callable[[ClusterState, float], dict[str, str]]:
     # Imported on use: each add-on module is only needed when asked for.
     if name == "keda":
-        from kvq.devcluster.keda import start_keda
+        from e2e.devcluster.keda import start_keda
 
         return start_keda
-    from kvq.devcluster.gateway import start_gateway
+    from e2e.devcluster.gateway import start_gateway
 
     return start_gateway
 

@@ -1,4 +1,5 @@
-"""`kvq demo`: the whole story on a local control plane, then everything stopped again.
+"""The demo (`make demo`, `python -m e2e.devcluster demo`): the whole story on a local
+control plane, then everything stopped again.
 
 Starts the `hetero` cluster (T4, A100, L4, H100, H200, B200 pools), installs the CRD,
 runs the operator, applies the examples and waits for each to reach its outcome:
@@ -20,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvq.devcluster import cluster
-from kvq.devcluster.binaries import BinaryBuildError, ensure_binaries
-from kvq.devcluster.paths import e2e_dir
-from kvq.devcluster.ports import allocate_ports
-from kvq.devcluster.waits import WaitTimeoutError, wait_until
+from e2e.devcluster import cluster
+from e2e.devcluster.binaries import BinaryBuildError, ensure_binaries
+from e2e.devcluster.paths import e2e_dir
+from e2e.devcluster.ports import allocate_ports
+from e2e.devcluster.waits import WaitTimeoutError, wait_until
 
 NAMESPACE = "kvq-demo"
 DEADLINE_SECONDS = 180.0
