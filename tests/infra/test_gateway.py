@@ -9,8 +9,6 @@ endpoint addresses, and Traefik only routes to what the Services' EndpointSlices
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -19,6 +17,7 @@ import pytest
 from e2e.devcluster.clients import Kube
 from e2e.devcluster.waits import is_running_and_ready, wait_for_pod, wait_until
 
+from tests.gateway_support import SETTLING, through_gateway
 from tests.infra.servers import NamedServer, named_server
 
 pytestmark = pytest.mark.cluster
@@ -85,18 +84,6 @@ def route(gateway: dict[str, str], host: str) -> dict[str, Any]:
     }
 
 
-def ask(url: str, headers: dict[str, str]) -> str | None:
-    """The body of a GET through the gateway, or None while it has no route (404/503)."""
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return str(response.read().decode())
-    except urllib.error.HTTPError as error:
-        if error.code in (404, 502, 503):
-            return None
-        raise
-
-
 @pytest.fixture
 def backends(
     kube: Kube, gateway: dict[str, str], namespace: str
@@ -144,18 +131,19 @@ def test_a_header_match_routes_to_its_service_and_the_rest_to_the_default(
 
     wait_until(accepted, what="the HTTPRoute Accepted with its refs resolved", timeout=TIMEOUT)
     url = gateway["url"] + "/v1/models"
-    critical = wait_until(
-        lambda: ask(url, {"Host": host, HEADER: CRITICAL}),
-        what="a request with the header routed",
-        timeout=TIMEOUT,
-    )
-    default = wait_until(
-        lambda: ask(url, {"Host": host}),
-        what="a request without the header routed",
-        timeout=TIMEOUT,
-    )
+    # Programmed: each backend answers through the gateway (before that, Traefik's
+    # settling answers are "not yet"; after it, any error fails the test).
+    for headers, name in (({HEADER: CRITICAL}, CRITICAL), ({}, DEFAULT)):
+        wait_until(
+            lambda headers=headers, name=name: (
+                through_gateway(url, {"Host": host, **headers}, SETTLING) == name
+            ),
+            what=f"the route to {name} programmed",
+            timeout=TIMEOUT,
+        )
 
-    assert (critical, default) == (CRITICAL, DEFAULT)
-    assert ask(url, {"Host": host, HEADER: "other"}) == DEFAULT
-    assert [r.get(HEADER) for r in backends[CRITICAL].requests] == [CRITICAL]
+    assert through_gateway(url, {"Host": host, HEADER: CRITICAL}) == CRITICAL
+    assert through_gateway(url, {"Host": host}) == DEFAULT
+    assert through_gateway(url, {"Host": host, HEADER: "other"}) == DEFAULT
+    assert [r.get(HEADER) for r in backends[CRITICAL].requests] == [CRITICAL, CRITICAL]
     assert {r.get(HEADER) for r in backends[DEFAULT].requests} == {None, "other"}
