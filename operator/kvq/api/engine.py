@@ -26,6 +26,8 @@ MANAGED_FLAGS = (
     "--tensor-parallel-size",
     "-tp",
     "--kv-cache-memory-bytes",
+    "--kv-offloading-size",
+    "--kv-offloading-backend",
     "--quantization",
     "--calculate-kv-scales",
     "--served-model-name",

@@ -1,8 +1,8 @@
-"""`spec.memory`: the GPU memory budget, swap space and context length."""
+"""`spec.memory`: the GPU memory budget, the KV cache's CPU tier and context length."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -32,9 +32,17 @@ class MemorySpec(KubeModel):
             check=lambda v: 0.0 <= v <= 1024.0,
         ),
     ] = None
-    """CPU swap space for KV overflow, GiB per GPU; the engine's default (4 GiB up to vLLM
-    0.17) when omitted. Engines from vLLM 0.18 have no swap: a value set here is then not
-    rendered, and status says so. Latency-sensitive services should use 0."""
+    """CPU memory per GPU that catches the KV cache (pinned host memory, counted in the
+    pod's memory request). vLLM 0.8-0.10 (V0 engine): --swap-space, a preempted sequence's
+    blocks are swapped out and back in (omitted: the engine's 4 GiB). vLLM 0.12+ (V1, which
+    never swaps): KV offloading, blocks evicted from the GPU stay in host memory and a
+    prefix hit loads them back instead of recomputing them (--kv-offloading-size, this
+    times gpusPerReplica; omitted: none). Helps shared prefixes and long multi-turn
+    sessions; a latency-critical service should use 0. Refused where the engine keeps no
+    CPU tier (vLLM 0.11; native offloading before 0.14)."""
+    offload_backend: Literal["native", "lmcache"] = "native"
+    """KV offloading backend (vLLM 0.12+): native (vLLM's own connector, vLLM 0.14+) or
+    lmcache (LMCache in the engine, vLLM 0.12-0.22, an image that has LMCache)."""
     max_model_len: Annotated[
         int | None,
         FieldRule(

@@ -2,7 +2,8 @@
 
 Each section has its module (`kvq.api.model`, `engine`, `kv_cache`, `memory`, `capacity`,
 `placement`, `rollout`, `autoscaling`, `tiers`, `routing`, `quality`, `fallback`, `pod`);
-this one holds the whole spec and the rules that span sections.
+this one holds the whole spec and the rules that span sections (`cpu_tier` builds the one
+that ties spec.memory's CPU tier to the engine version).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import Field
 from kvq.api.autoscaling import AutoscalingSpec
 from kvq.api.base import KubeModel
 from kvq.api.capacity import CapacitySpec
+from kvq.api.cpu_tier import cpu_tier_rule
 from kvq.api.engine import EngineSpec
 from kvq.api.fallback import FallbackSpec
 from kvq.api.kv_cache import KvCacheSpec
@@ -78,6 +80,7 @@ class InferenceServiceSpec(KubeModel):
             check=lambda s: s.autoscaling is None or s.replicas <= s.autoscaling.max_replicas,
             field_path=".replicas",
         ),
+        cpu_tier_rule(),
         Rule(
             cel="!has(self.capacity) || !has(self.capacity.minConcurrentSequences) "
             "|| !has(self.memory) || !has(self.memory.maxNumSeqs) "

@@ -84,6 +84,38 @@ class PlacementStatus(KubeModel):
     """Memory of one GPU in MiB, as the driver reports it."""
 
 
+class GpuTierStatus(KubeModel):
+    """The KV cache in GPU memory, one replica (all its GPUs)."""
+
+    tokens: int | None = None
+    """KV tokens it holds."""
+    bytes: int | None = None
+    """Its size in bytes: whole blocks, all GPUs of the replica."""
+    dtype: str | None = None
+    """What it stores (vLLM's --kv-cache-dtype value)."""
+
+
+class CpuTierStatus(KubeModel):
+    """The KV cache's tier in host memory (spec.memory.swapSpaceGiB), one replica."""
+
+    mode: Literal["swap", "offload"] | None = None
+    """swap: vLLM's V0 swap space (a preempted sequence's blocks swapped out and back in);
+    offload: V1 KV offloading (blocks kept in host memory and loaded back on a prefix hit
+    instead of being recomputed)."""
+    backend: str | None = None
+    """The offloading backend (native or lmcache)."""
+    connector: str | None = None
+    """The KV connector vLLM runs for it (named in the engine's log)."""
+    tokens: int | None = None
+    """KV tokens it holds: whole blocks of the GPU cache's size."""
+    bytes: int | None = None
+    """Pinned host memory it takes, all GPUs of the replica (in the pod's memory request)."""
+    dtype: str | None = None
+    """What it stores: the GPU cache's blocks as they are, so the GPU cache's dtype."""
+    note: str = ""
+    """What to know about it on this engine version."""
+
+
 class CapacityStatus(KubeModel):
     """What each replica holds, computed before anything is scheduled."""
 
@@ -97,6 +129,10 @@ class CapacityStatus(KubeModel):
     """KV tokens relative to the uncompressed (auto) cache on the same GPUs."""
     max_model_len: int | None = None
     """Context length the concurrency is counted at."""
+    gpu_tier: GpuTierStatus | None = None
+    """The KV cache in GPU memory (the figures above are its)."""
+    cpu_tier: CpuTierStatus | None = None
+    """The KV cache's tier in host memory, when the engine keeps one."""
 
 
 FallbackCause = Literal[
@@ -218,6 +254,9 @@ class AutoscalingStatus(KubeModel):
     desired replicas times the planner's ratio (an fp8 cache holds twice the tokens)."""
     scaled_object: str | None = None
     """The KEDA ScaledObject kvq renders (same name as the InferenceService)."""
+    signals_used: list[str] = Field(default_factory=list)
+    """The targets it scales on (kvCacheUsage, requestsWaiting, runningFraction): with KV
+    offloading kvCacheUsage is left out (status.effective.ignored says why)."""
 
 
 class TierStatus(KubeModel):

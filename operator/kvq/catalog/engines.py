@@ -21,6 +21,10 @@ DEFAULT_IMAGE = "vllm/vllm-openai:v0.26.0"
 Minor = tuple[int, int]
 Launcher = Literal["api_server", "serve"]
 Backend = Literal["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"]
+CpuTierMode = Literal["swap", "offload", "none"]
+"""swap: V0's --swap-space; offload: V1's KV offloading; none: no CPU tier on this engine."""
+OffloadBackend = Literal["native", "lmcache"]
+Platform = Literal["cuda", "rocm", "xpu", "cpu"]
 
 # The API's `int8` has no upstream value of the same name (DESIGN: vLLM has no plain int8).
 _INT8_ENGINE_VALUE = "int8_per_token_head"
@@ -106,6 +110,47 @@ class HardwareRule:
 
 
 @dataclass(frozen=True)
+class OffloadBackendRule:
+    """One `--kv-offloading-backend` on one engine version."""
+
+    backend: str
+    ok: bool
+    reason: str
+    origin: Sourced
+    connector: str | None = None
+    """The KV connector vLLM runs for it (the engine's log names it)."""
+    platforms: frozenset[str] | None = None
+    """Where its worker runs (None: not recorded)."""
+    needs_lmcache: bool = False
+
+
+@dataclass(frozen=True)
+class CpuTierRule:
+    """How an engine version keeps KV-cache blocks in host memory, if it does."""
+
+    mode: CpuTierMode
+    origin: Sourced
+    note: str = ""
+    """What a user should know when it runs (e.g. swap is V0-only)."""
+    reason: str = ""
+    """Why there is no CPU tier (mode none)."""
+    backends: dict[str, OffloadBackendRule] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CpuTierVerdict:
+    """Whether a CPU tier with this backend runs on this engine and image, and how."""
+
+    ok: bool
+    mode: CpuTierMode
+    reason: str
+    backend: str | None = None
+    """The offloading backend rendered (offload mode only)."""
+    connector: str | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class EngineMetrics:
     """Prometheus names of the engine metrics kvq reads."""
 
@@ -136,6 +181,57 @@ class EngineCapability:
     hardware: tuple[HardwareRule, ...]
     known_slow: tuple[HardwareRule, ...] = ()
     """Dtypes that run but were measured much slower than auto (the rule's `ok` is True)."""
+    cpu_tier: CpuTierRule = field(
+        default_factory=lambda: CpuTierRule("none", Sourced("not catalogued", False))
+    )
+    images_without_lmcache: frozenset[str] = frozenset()
+    """Image repositories kvq has no record of shipping LMCache (the stock vllm-openai)."""
+
+    def cpu_tier_verdict(
+        self, backend: OffloadBackend, image: str, platform: Platform = "cuda"
+    ) -> CpuTierVerdict:
+        """Whether a CPU tier (spec.memory.swapSpaceGiB > 0) runs here, and as what."""
+        tier = self.cpu_tier
+        where = f"vLLM {self.version}"
+        if tier.mode == "none":
+            return CpuTierVerdict(
+                False, "none", f"{where} has no CPU tier for the KV cache: {tier.reason}"
+            )
+        if tier.mode == "swap":
+            return CpuTierVerdict(True, "swap", f"{where} swaps with --swap-space", note=tier.note)
+        rule = tier.backends.get(backend)
+        if rule is None:
+            return CpuTierVerdict(
+                False, "offload", f"{where} has no KV offloading backend {backend}"
+            )
+        if not rule.ok:
+            return CpuTierVerdict(
+                False, "offload", f"{where}, KV offloading backend {backend}: {rule.reason}"
+            )
+        if rule.platforms is not None and platform not in rule.platforms:
+            return CpuTierVerdict(
+                False,
+                "offload",
+                f"{where}, KV offloading backend {backend}: its {rule.connector} runs on "
+                f"{', '.join(sorted(rule.platforms))} only, not {platform} ('CPU Offloading is "
+                "currently only supported on CUDA-alike and XPU GPUs')",
+            )
+        if rule.needs_lmcache and not self.image_has_lmcache(image):
+            return CpuTierVerdict(
+                False,
+                "offload",
+                f"{where}, KV offloading backend lmcache imports LMCache, and kvq has no "
+                f"record that {_repository(image)} ships it (vLLM's Dockerfile installs it "
+                "only when built with INSTALL_KV_CONNECTORS=true): use backend native, or "
+                "an image with LMCache in spec.engine.image",
+            )
+        return CpuTierVerdict(
+            True, "offload", f"{where} offloads through {rule.connector}", backend, rule.connector
+        )
+
+    def image_has_lmcache(self, image: str) -> bool:
+        """An image kvq has no record against is trusted: the user built it."""
+        return _repository(image) not in self.images_without_lmcache
 
     def has_flag(self, flag: str) -> bool:
         return flag in self.flags
@@ -279,6 +375,16 @@ def load_engine_catalog() -> EngineCatalog:
     return EngineCatalog(first=parse_minor(raw["first"]), last=parse_minor(raw["last"]), raw=raw)
 
 
+def _repository(image: str) -> str:
+    """`docker.io/vllm/vllm-openai:v0.26.0@sha256:...` -> "vllm/vllm-openai"."""
+    name = image.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    repository = f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+    for registry in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
+        repository = repository.removeprefix(registry)
+    return repository.removeprefix("library/")
+
+
 def _fmt(minor: Minor) -> str:
     return f"{minor[0]}.{minor[1]}"
 
@@ -331,6 +437,7 @@ def _build_capability(raw: dict[str, Any], version: str, minor: Minor) -> Engine
     }
     hardware = _hardware_rules(raw["hardware"], minor)
     known_slow = _hardware_rules(raw.get("known_slow", []), minor)
+    tier = _one(raw["kv_cpu_tier"], minor, "kv_cpu_tier")
     return EngineCapability(
         version=version,
         minor=minor,
@@ -352,6 +459,28 @@ def _build_capability(raw: dict[str, Any], version: str, minor: Minor) -> Engine
         launcher=_one(raw["launcher"], minor, "launcher")["style"],
         hardware=hardware,
         known_slow=known_slow,
+        cpu_tier=CpuTierRule(
+            mode=tier["mode"],
+            origin=_origin(tier),
+            note=str(tier.get("note", "")),
+            reason=str(tier.get("reason", "")),
+            backends={
+                rule["backend"]: OffloadBackendRule(
+                    backend=rule["backend"],
+                    ok=bool(rule["ok"]),
+                    reason=str(rule["reason"]),
+                    origin=_origin(rule),
+                    connector=rule.get("connector"),
+                    platforms=frozenset(rule["platforms"]) if "platforms" in rule else None,
+                    needs_lmcache=bool(rule.get("needs_lmcache", False)),
+                )
+                for rule in raw["kv_offload_backends"]
+                if _in_range(rule, minor)
+            },
+        ),
+        images_without_lmcache=frozenset(
+            entry["image"] for entry in raw["lmcache_images"] if not entry["ok"]
+        ),
     )
 
 
