@@ -122,6 +122,59 @@ def test_with_keda_and_prometheus_kvq_owns_a_scaled_object() -> None:
     assert status["scaledObject"] == "llama"
 
 
+@pytest.mark.parametrize(
+    ("targets", "triggers", "running"),
+    [
+        # The defaults (kvCacheUsage 0.8, requestsWaiting 2): the gauge goes, the running
+        # requests against 0.8 of the planned concurrency come in its place.
+        ({}, ["requests-waiting", "requests-running"], 0.8),
+        ({"kvCacheUsage": 0.6, "runningFraction": 0.5}, ["requests-running"], 0.5),
+        ({"kvCacheUsage": 0.6}, ["requests-running"], 0.8),
+    ],
+)
+def test_with_kv_offloading_the_kv_usage_gauge_is_no_scaling_signal(
+    targets: dict[str, float], triggers: list[str], running: float
+) -> None:
+    service = isvc(
+        autoscaling={"maxReplicas": 4, "targets": targets} if targets else {"maxReplicas": 4},
+        memory={"swapSpaceGiB": 16},
+    )
+    obj = render_scaled_object(
+        service,
+        metrics=ENGINES.capability("0.26.0").metrics,
+        prometheus=PROMETHEUS,
+        concurrency=110.8,
+        max_replicas=4,
+        offloading=True,
+    )
+    by_name = {t["name"]: t["metadata"] for t in obj["spec"]["triggers"]}
+    assert list(by_name) == triggers
+    assert not any("kv_cache_usage" in t["query"] for t in by_name.values())
+    assert by_name["requests-running"]["threshold"] == f"{running * 110.8:g}"
+
+
+def test_offloading_drops_the_gauge_in_status_and_says_why() -> None:
+    config = OperatorConfig(autoscaling_prometheus=PROMETHEUS)
+    body = autoscaled_body()
+    body["spec"]["memory"] = {"maxModelLen": 8192, "swapSpaceGiB": 16}
+    snap = snapshot(body)
+    snap = type(snap)(**{**snap.__dict__, "config": config, "keda": True})
+    plan = decide(snap)
+    (obj,) = [o for o in plan.apply if o["kind"] == "ScaledObject"]
+    assert [t["name"] for t in obj["spec"]["triggers"]] == ["requests-waiting", "requests-running"]
+    assert plan.status["autoscaling"]["signalsUsed"] == ["requestsWaiting", "runningFraction"]
+    [ignored] = plan.status["effective"]["ignored"]
+    assert ignored["field"] == "spec.autoscaling.targets.kvCacheUsage"
+    assert "the GPU KV cache is meant to run full" in ignored["reason"]
+    assert "SettingIgnored" in [e.reason for e in plan.events]
+    # V0 swap (vLLM 0.10) is no offloading: the gauge stays.
+    body["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.10.2"}
+    body["spec"]["kvCache"] = {"dtype": "auto"}
+    swap = decide(type(snap)(**{**snap.__dict__, "isvc": type(snap.isvc).model_validate(body)}))
+    assert swap.status["autoscaling"]["signalsUsed"] == ["kvCacheUsage", "requestsWaiting"]
+    assert swap.status["effective"].get("ignored", []) == []
+
+
 def test_without_prometheus_autoscaling_says_so() -> None:
     snap = snapshot(autoscaled_body())
     snap = type(snap)(**{**snap.__dict__, "keda": True})

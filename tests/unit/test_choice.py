@@ -122,3 +122,33 @@ def test_gpus_promised_to_other_services_are_not_room_but_ones_own_are() -> None
     theirs = choose_pool(asked, found, ENGINE, LLAMA.architecture)
     h100 = next(v for v in theirs.verdicts if v.pool.name == "gpu-h100")
     assert h100.slots == 4 and h100.runnable  # its own promise is room for itself
+
+
+def test_a_pool_whose_nodes_cannot_hold_the_pods_memory_is_refused_with_the_cpu_tier_named() -> (
+    None
+):
+    gib = 2**30
+    # 29 GiB of engine (weights, shm, processes) + a 16 GiB CPU tier: the L4 nodes have 32.
+    choice = choose_pool(
+        request(memory_bytes=45 * gib, host_tier_bytes=16 * gib),
+        inventory(),
+        ENGINE,
+        LLAMA.architecture,
+    )
+    assert reasons(choice, "l4-pool") == (
+        "a replica asks for 45.0 GiB of host memory, 16.0 GiB of it the KV cache's CPU tier "
+        "(memory.swapSpaceGiB x gpusPerReplica); the largest node has 32.0 GiB allocatable"
+    )
+    assert choice.chosen is not None and choice.chosen.pool.name != "l4-pool"
+    small = choose_pool(request(memory_bytes=29 * gib), inventory(), ENGINE, LLAMA.architecture)
+    assert small.chosen is not None and small.chosen.pool.name == "l4-pool"
+
+
+def test_nodes_that_report_no_memory_are_not_judged_on_it() -> None:
+    nodes = node_manifests(load_profile("hetero"))
+    for node in nodes:
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        node["status"]["allocatable"].pop("memory", None)
+    inv = discover_pools(nodes, load_gpu_catalog())
+    choice = choose_pool(request(memory_bytes=10**15), inv, ENGINE, LLAMA.architecture)
+    assert choice.chosen is not None

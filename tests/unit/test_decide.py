@@ -430,14 +430,39 @@ def test_objects_kvq_no_longer_renders_are_pruned() -> None:
     assert [(r.kind, r.name) for r in plan.delete] == [("PodDisruptionBudget", "llama")]
 
 
-def test_swap_space_is_reported_only_when_someone_set_it() -> None:
+def test_the_cpu_tier_is_planned_beside_the_gpu_tier_and_never_ignored() -> None:
     plan = decide(snapshot(isvc(memory={"maxModelLen": 8192, "swapSpaceGiB": 8})))
-    [ignored] = plan.status["effective"]["ignored"]
-    assert ignored["field"] == "spec.memory.swapSpaceGiB"
-    assert "SettingIgnored" in [e.reason for e in plan.events]
+    assert plan.status["effective"].get("ignored", []) == []
+    assert "SettingIgnored" not in [e.reason for e in plan.events]
+    capacity = plan.status["capacity"]
+    gpu_tier, cpu_tier = capacity["gpuTier"], capacity["cpuTier"]
+    assert gpu_tier["tokens"] == capacity["kvTokens"]
+    assert gpu_tier["dtype"] == cpu_tier["dtype"] == "fp8"
+    # 8 GiB of fp8 Llama-3-8B (64 KiB per token): 131,072 tokens, in whole 16-token blocks.
+    assert (cpu_tier["mode"], cpu_tier["backend"], cpu_tier["connector"]) == (
+        "offload",
+        "native",
+        "OffloadingConnector",
+    )
+    assert (cpu_tier["bytes"], cpu_tier["tokens"]) == (8 * 2**30, 131_072)
+    assert "CPU tier (offload native): 131,072 KV tokens in 8.0 GiB" in message(plan, "Placed")
     default = decide(snapshot(isvc()))
-    assert default.status["effective"].get("ignored", []) == []
-    assert "SettingIgnored" not in [e.reason for e in default.events]
+    assert "cpuTier" not in default.status["capacity"]
+
+
+def test_a_cpu_tier_the_image_cannot_keep_stalls_with_the_reason() -> None:
+    # The CRD refuses what the version alone decides; whether an image ships LMCache is
+    # the operator's to judge (the stock image: no record that it does).
+    body = isvc(
+        memory={"swapSpaceGiB": 8, "offloadBackend": "lmcache"},
+        engine={"image": "vllm/vllm-openai:v0.20.2"},
+    )
+    plan = decide(snapshot(body))
+    assert conditions(plan)["Stalled"] == ("True", "CpuTierUnsupported")
+    assert conditions(plan)["Placed"] == ("False", "CpuTierUnsupported")
+    assert "kvq has no record that vllm/vllm-openai ships it" in message(plan, "Stalled")
+    assert plan.apply == ()
+    assert "CpuTierUnsupported" in [e.reason for e in plan.events]
 
 
 # --- placement that holds still ---------------------------------------------------------

@@ -48,27 +48,100 @@ def render(service: Any, product: str = H100, **pool_args: Any) -> list[dict[str
 
 
 @pytest.mark.parametrize(
-    ("version", "swap", "scales"),
+    ("version", "scales"),
     [
-        ("0.8.5", "4", True),
-        ("0.17.0", "4", True),
-        ("0.18.0", None, True),
-        ("0.26.0", None, True),
-        ("0.27.0", None, False),
-        ("0.33.0", None, False),
+        ("0.8.5", True),
+        ("0.17.0", True),
+        ("0.18.0", True),
+        ("0.26.0", True),
+        ("0.27.0", False),
+        ("0.33.0", False),
     ],
 )
-def test_flag_set_follows_the_engine_version(version: str, swap: str | None, scales: bool) -> None:
-    args = args_for(
-        version, kvCache={"dtype": "fp8", "calculateScales": True}, memory={"swapSpaceGiB": 4}
-    )
-    assert flag_value(args, "--swap-space") == swap
+def test_flag_set_follows_the_engine_version(version: str, scales: bool) -> None:
+    args = args_for(version, kvCache={"dtype": "fp8", "calculateScales": True})
     assert ("--calculate-kv-scales" in args) is scales
     assert flag_value(args, "--kv-cache-dtype") == "fp8"
     assert flag_value(args, "--gpu-memory-utilization") == "0.9"
     assert flag_value(args, "--served-model-name") == "llama"
     assert flag_value(args, "--port") == "8000"
     assert flag_value(args, "--tensor-parallel-size") == "1"
+
+
+# The CPU tier (memory.swapSpaceGiB, GiB per GPU) on each engine: V0 swap up to 0.10, KV
+# offloading (GiB in total over the TP ranks) from 0.14; 0.11 has neither.
+_SWAP = ("--swap-space",)
+_OFFLOAD = ("--kv-offloading-size", "--kv-offloading-backend")
+
+
+@pytest.mark.parametrize(
+    ("version", "swap", "gpus", "expected"),
+    [
+        ("0.8.5", 8, 1, {"--swap-space": "8"}),
+        ("0.10.2", 8, 2, {"--swap-space": "8"}),  # per GPU: each worker allocates it
+        ("0.10.2", 0, 1, {"--swap-space": "0"}),  # not the engine's 4 GiB default
+        ("0.10.2", None, 1, {}),  # the engine's default (4 GiB), counted in the pod
+        ("0.14.1", 8, 1, {"--kv-offloading-size": "8", "--kv-offloading-backend": "native"}),
+        # --swap-space still parses on 0.14-0.17 but V0 is gone: it would do nothing.
+        ("0.17.1", 8, 1, {"--kv-offloading-size": "8", "--kv-offloading-backend": "native"}),
+        ("0.26.0", 8, 2, {"--kv-offloading-size": "16", "--kv-offloading-backend": "native"}),
+        ("0.26.0", 2.5, 1, {"--kv-offloading-size": "2.5", "--kv-offloading-backend": "native"}),
+        ("0.26.0", 0, 1, {}),
+        ("0.26.0", None, 1, {}),
+        ("0.33.0", 4, 1, {"--kv-offloading-size": "4", "--kv-offloading-backend": "native"}),
+    ],
+)
+def test_the_cpu_tier_is_rendered_as_each_engine_keeps_it(
+    version: str, swap: float | None, gpus: int, expected: dict[str, str]
+) -> None:
+    memory = {} if swap is None else {"swapSpaceGiB": swap}
+    args = args_for(
+        version,
+        "H200",
+        memory=memory,
+        placement={"gpusPerReplica": gpus},
+        model={"uri": "hf://meta-llama/Meta-Llama-3-8B-Instruct"},
+    )
+    found = {flag: flag_value(args, flag) for flag in (*_SWAP, *_OFFLOAD) if flag in args}
+    assert found == expected
+
+
+def test_a_cpu_tier_the_image_cannot_keep_is_refused_with_the_reason() -> None:
+    # What the version alone decides, the CRD refuses (tests/fixtures/isvc/invalid.yaml);
+    # whether the stock image ships LMCache is judged here, when rendering.
+    service = isvc(
+        engine={"image": "vllm/vllm-openai:v0.20.2"},
+        memory={"swapSpaceGiB": 8, "offloadBackend": "lmcache"},
+    )
+    with pytest.raises(RenderError) as refused:
+        settings(service, H100)
+    assert str(refused.value) == (
+        "memory.swapSpaceGiB: vLLM 0.20.2, KV offloading backend lmcache imports LMCache, and "
+        "kvq has no record that vllm/vllm-openai ships it (vLLM's Dockerfile installs it only "
+        "when built with INSTALL_KV_CONNECTORS=true): use backend native, or an image with "
+        "LMCache in spec.engine.image"
+    )
+
+
+def test_lmcache_renders_with_an_image_of_ones_own_on_engines_that_run_it_in_process() -> None:
+    service = isvc(
+        engine={"image": "registry.local/vllm-lmcache:v0.20.2"},
+        memory={"swapSpaceGiB": 8, "offloadBackend": "lmcache"},
+        placement={"gpusPerReplica": 2},
+        model={"uri": "hf://meta-llama/Meta-Llama-3-8B-Instruct"},
+    )
+    args = engine_args(service, pool(H100), settings(service, H100)).args
+    assert flag_value(args, "--kv-offloading-size") == "16"
+    assert flag_value(args, "--kv-offloading-backend") == "lmcache"
+
+
+def test_offloading_refuses_a_kv_transfer_config_of_the_users_own() -> None:
+    service = isvc(
+        memory={"swapSpaceGiB": 8},
+        engine={"extraArgs": ["--kv-transfer-config", '{"kv_connector":"NixlConnector"}']},
+    )
+    with pytest.raises(RenderError, match="sets the engine's --kv-transfer-config itself"):
+        engine_args(service, pool(H100), settings(service, H100))
 
 
 def test_dropped_flags_are_reported_with_a_reason() -> None:
@@ -80,8 +153,6 @@ def test_dropped_flags_are_reported_with_a_reason() -> None:
     rendered = engine_args(service, pool(H100), settings(service, H100))
     reasons = {d.flag: d.reason for d in rendered.dropped}
     assert reasons == {
-        "--swap-space": "vLLM 0.27.0 has no --swap-space (vLLM has it from 0.8 to 0.17): "
-        "swapSpaceGiB=8 is ignored (this engine keeps no CPU swap for the KV cache)",
         "--calculate-kv-scales": "vLLM 0.27.0 has no --calculate-kv-scales (vLLM has it from "
         "0.8 to 0.26): fp8 scales come from the checkpoint or default to 1.0",
     }
@@ -90,14 +161,6 @@ def test_dropped_flags_are_reported_with_a_reason() -> None:
 def test_zero_swap_is_not_reported_as_dropped() -> None:
     service = isvc(memory={"swapSpaceGiB": 0})
     assert engine_args(service, pool(H100), settings(service, H100)).dropped == ()
-
-
-def test_unset_swap_is_left_to_the_engine_and_never_reported() -> None:
-    for version in ("0.8.5", "0.26.0"):
-        service = isvc(engine={"image": f"vllm/vllm-openai:v{version}"})
-        rendered = engine_args(service, pool(H100), settings(service, H100))
-        assert "--swap-space" not in rendered.args
-        assert rendered.dropped == ()
 
 
 def test_calculate_scales_is_dropped_when_the_effective_dtype_is_auto() -> None:
@@ -406,11 +469,11 @@ def test_engine_versions_outside_the_catalog_are_refused(engine: dict[str, str])
 
 def test_version_from_spec_wins_over_the_tag() -> None:
     service = isvc(
-        engine={"image": "registry.local/vllm:v0.26.0-custom", "version": "0.17.0"},
+        engine={"image": "registry.local/vllm:v0.26.0-custom", "version": "0.10.2"},
         memory={"swapSpaceGiB": 4},
     )
     effective = settings(service, H100)
-    assert effective.engine_version == "0.17.0"
+    assert effective.engine_version == "0.10.2"
     assert "--swap-space" in engine_args(service, pool(H100), effective).args
 
 

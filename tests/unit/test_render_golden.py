@@ -55,13 +55,24 @@ CASES = [
         "A100-SXM4-80GB",
     ),
     Case(
-        "l40s-fp8-v0.17-swap",
+        # --swap-space still parses on 0.17 but does nothing (V0 is gone): KV offloading.
+        "l40s-fp8-v0.17-offload",
         lambda: isvc(
             engine={"image": "vllm/vllm-openai:v0.17.1"},
             kvCache={"dtype": "fp8_e4m3", "calculateScales": True},
             memory={"swapSpaceGiB": 8},
         ),
         "L40S",
+    ),
+    Case(
+        # V0 swap: --swap-space per GPU, the pod's memory holding it on each worker.
+        "a100-auto-v0.10-swap",
+        lambda: isvc(
+            engine={"image": "vllm/vllm-openai:v0.10.2"},
+            memory={"swapSpaceGiB": 6},
+            placement={"gpusPerReplica": 2},
+        ),
+        "A100-SXM4-80GB",
     ),
     Case(
         "a10g-awq",

@@ -163,11 +163,38 @@ def test_memory_and_cpu_are_derived_from_the_model_and_the_engine() -> None:
     }
     big = engine_of(render(isvc(model={"uri": LLAMA_70B}, placement={"gpusPerReplica": 4})))
     assert big["resources"]["requests"] == {"cpu": "10", "memory": "150Gi"}
-    # An engine with --swap-space: 4 GiB per GPU by default, or what the spec says.
-    old = isvc(engine={"image": "vllm/vllm-openai:v0.17.1"})
-    assert engine_of(render(old, "L40S"))["resources"]["requests"]["memory"] == "25Gi"
-    no_swap = isvc(engine={"image": "vllm/vllm-openai:v0.17.1"}, memory={"swapSpaceGiB": 0})
-    assert engine_of(render(no_swap, "L40S"))["resources"]["requests"]["memory"] == "21Gi"
+
+
+@pytest.mark.parametrize(
+    ("image", "memory", "gpus", "expected"),
+    [
+        # V0 swap (vLLM 0.10): the engine's 4 GiB per GPU unless the spec says.
+        ("vllm/vllm-openai:v0.10.2", {}, 1, "25Gi"),
+        ("vllm/vllm-openai:v0.10.2", {"swapSpaceGiB": 0}, 1, "21Gi"),
+        ("vllm/vllm-openai:v0.10.2", {"swapSpaceGiB": 8}, 2, "41Gi"),  # 2 + 6 + 14.96 + 2 + 16
+        # --swap-space still parses on 0.17 but allocates nothing (V1): not counted.
+        ("vllm/vllm-openai:v0.17.1", {}, 1, "21Gi"),
+        # KV offloading: nothing unless asked; then GiB per GPU x GPUs, pinned host memory.
+        ("vllm/vllm-openai:v0.26.0", {}, 1, "21Gi"),
+        ("vllm/vllm-openai:v0.26.0", {"swapSpaceGiB": 16}, 1, "37Gi"),
+        ("vllm/vllm-openai:v0.26.0", {"swapSpaceGiB": 16}, 2, "57Gi"),  # 2 + 6 + 14.96 + 2 + 32
+    ],
+)
+def test_the_cpu_tier_is_in_the_memory_request_and_limit(
+    image: str, memory: dict[str, float], gpus: int, expected: str
+) -> None:
+    service = isvc(engine={"image": image}, memory=memory, placement={"gpusPerReplica": gpus})
+    resources = engine_of(render(service, "L40S"))["resources"]
+    assert resources["requests"]["memory"] == expected
+    assert resources["limits"]["memory"] == expected
+
+
+def test_a_memory_limit_that_cannot_hold_the_cpu_tier_is_refused() -> None:
+    service = isvc(
+        memory={"swapSpaceGiB": 32}, engine={"resources": {"limits": {"memory": "24Gi"}}}
+    )
+    with pytest.raises(RenderError, match="cannot hold the KV cache's CPU tier"):
+        render(service)
 
 
 def test_resources_from_the_spec_win_and_are_checked() -> None:

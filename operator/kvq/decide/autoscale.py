@@ -12,7 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvq.api.status import AutoscalingSignals, AutoscalingStatus, MetricsStatus
+from kvq.api.autoscaling import AutoscalingTargets
+from kvq.api.status import (
+    AutoscalingSignals,
+    AutoscalingStatus,
+    IgnoredSetting,
+    MetricsStatus,
+)
 from kvq.api.tiers import TierSpec
 from kvq.decide.conditions import ConditionUpdate
 from kvq.decide.types import Manifest, Snapshot
@@ -21,7 +27,9 @@ from kvq.render.autoscaling import (
     SCALED_OBJECT_KIND,
     render_scaled_object,
     replicas_with_auto_cache,
+    scaling_targets,
 )
+from kvq.render.settings import engine_image_and_version, host_tier_of
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,16 @@ class Autoscaled:
     """The ScaledObject to apply (None: nothing to scale with)."""
     condition: ConditionUpdate
     status: AutoscalingStatus
+    ignored: tuple[IgnoredSetting, ...] = ()
+    """Targets the ScaledObject does not scale on, and why (status.effective.ignored)."""
+
+
+KV_USAGE_TARGET = "spec.autoscaling.targets.kvCacheUsage"
+OFFLOADING_NOTE = (
+    "with the CPU tier (memory.swapSpaceGiB: KV offloading) the GPU KV cache is meant to run "
+    "full, its usage gauge says nothing about load: kvq scales on requests waiting and on "
+    "requests running against the sequences one replica holds"
+)
 
 
 def autoscale(
@@ -81,17 +99,45 @@ def autoscale(
             ),
             status,
         )
-    version = snap.catalogs.engines.capability(_engine_version(snap)).metrics
+    image, version = engine_image_and_version(isvc)
+    capability = snap.catalogs.engines.capability(version)
+    cpu_tier = host_tier_of(isvc, capability, image)
+    offloading = cpu_tier is not None and cpu_tier.mode == "offload"
+    concurrency = plan.max_concurrency if plan else None
     manifest = render_scaled_object(
         isvc,
-        metrics=version,
+        metrics=capability.metrics,
         prometheus=prometheus,
-        concurrency=plan.max_concurrency if plan else None,
+        concurrency=concurrency,
         max_replicas=auto.max_replicas,
         tier=tier,
+        offloading=offloading,
     )
-    status = status.model_copy(update={"scaled_object": manifest["metadata"]["name"]})
-    return Autoscaled(manifest, _condition(snap, status, pool_max, auto.max_replicas), status)
+    used = scaling_targets(isvc, offloading=offloading, concurrency=concurrency)
+    status = status.model_copy(
+        update={"scaled_object": manifest["metadata"]["name"], "signals_used": _signals(used)}
+    )
+    ignored = (
+        (IgnoredSetting(field=KV_USAGE_TARGET, reason=OFFLOADING_NOTE),)
+        if offloading and auto.targets.kv_cache_usage is not None
+        else ()
+    )
+    return Autoscaled(
+        manifest, _condition(snap, status, pool_max, auto.max_replicas), status, ignored
+    )
+
+
+def _signals(targets: AutoscalingTargets) -> list[str]:
+    """The engine signals the ScaledObject scales on, by the spec's target names."""
+    return [
+        name
+        for name, value in (
+            ("kvCacheUsage", targets.kv_cache_usage),
+            ("requestsWaiting", targets.requests_waiting),
+            ("runningFraction", targets.running_fraction),
+        )
+        if value is not None
+    ]
 
 
 def _condition(
@@ -159,9 +205,3 @@ def signals_from(metrics: MetricsStatus | None) -> AutoscalingSignals | None:
 
 def _live_scaled_object(owned: Any) -> Mapping[str, Any] | None:
     return next((o for o in owned if o.get("kind") == SCALED_OBJECT_KIND), None)
-
-
-def _engine_version(snap: Snapshot) -> str:
-    from kvq.render.settings import engine_image_and_version
-
-    return engine_image_and_version(snap.isvc)[1]

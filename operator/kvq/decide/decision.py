@@ -18,10 +18,12 @@ from kvq.api import keys
 from kvq.api.credentials import redact_args, redact_text
 from kvq.api.status import (
     CapacityStatus,
+    CpuTierStatus,
     EffectiveStatus,
     FailureTally,
     FallbackAttempt,
     FallbackStatus,
+    GpuTierStatus,
     IgnoredSetting,
     InferenceServiceStatus,
     PlacementStatus,
@@ -36,6 +38,7 @@ from kvq.decide.quality import QualityGate
 from kvq.decide.types import Snapshot
 from kvq.fallback.classifier import Action, Classification
 from kvq.fallback.ladder import NONE, Rung, rfc3339
+from kvq.planner.host_tier import HostTierPlan
 from kvq.render.manifests import selector_for
 
 # Status lives in etcd: keep the newest moves only (several keys' worth).
@@ -44,7 +47,6 @@ WAITING = "WaitingForCapacity"
 
 # Which spec field a flag the engine lacks came from (status.effective.ignored).
 _FLAG_FIELDS = {
-    "--swap-space": "spec.memory.swapSpaceGiB",
     "--calculate-kv-scales": "spec.kvCache.calculateScales",
 }
 
@@ -98,7 +100,7 @@ def build_status(
         _degraded(decision),
     ]
     replicas, ready_replicas = _replica_counts(snap.deployment)
-    effective = _effective(rendered) if rendered else (previous.effective)
+    effective = _effective(rendered, decision) if rendered else (previous.effective)
     capacity = _capacity(decision) if (rendered and chosen) else previous.capacity
     metrics = metrics_status(
         previous.metrics, snap.engine_metrics, min_interval=snap.config.metrics_min_interval
@@ -263,6 +265,13 @@ def _placed(decision: Decision) -> ConditionUpdate:
         f"cache: {plan.kv_tokens:,} KV tokens, {plan.max_concurrency:.1f} sequences of "
         f"{plan.max_model_len:,} tokens per replica."
     )
+    host = _host_tier(decision)
+    if host is not None:
+        how = f"{host.mode} {host.backend}" if host.backend else host.mode
+        message += (
+            f" CPU tier ({how}): {host.tokens:,} KV tokens in {host.bytes / 2**30:.1f} GiB "
+            "of host memory."
+        )
     return ConditionUpdate("Placed", "True", "PoolChosen", message)
 
 
@@ -299,11 +308,17 @@ def _why_not(decision: Decision) -> str:
     return decision.ladder_reason or "Not deployable."
 
 
-def _effective(rendered: Rendered) -> EffectiveStatus:
-    effective = rendered.effective
-    engine_dtype = effective.kv_cache_dtype
+def _engine_dtype(rendered: Rendered) -> str:
+    """The --kv-cache-dtype value rendered (vLLM's name, e.g. int8_per_token_head)."""
     if "--kv-cache-dtype" in rendered.args:
-        engine_dtype = rendered.args[rendered.args.index("--kv-cache-dtype") + 1]
+        return rendered.args[rendered.args.index("--kv-cache-dtype") + 1]
+    return rendered.effective.kv_cache_dtype
+
+
+def _effective(rendered: Rendered, decision: Decision) -> EffectiveStatus:
+    effective = rendered.effective
+    engine_dtype = _engine_dtype(rendered)
+    scaling = decision.autoscaled.ignored if decision.autoscaled else ()
     return EffectiveStatus(
         kv_cache_dtype=engine_dtype,
         model_uri=effective.model_uri,
@@ -314,8 +329,11 @@ def _effective(rendered: Rendered) -> EffectiveStatus:
         engine_args=redact_args(rendered.args),
         args_hash=rendered.pod_hash,
         ignored=[
-            IgnoredSetting(field=_FLAG_FIELDS.get(d.flag, d.flag), reason=redact_text(d.reason))
-            for d in rendered.dropped
+            *(
+                IgnoredSetting(field=_FLAG_FIELDS.get(d.flag, d.flag), reason=redact_text(d.reason))
+                for d in rendered.dropped
+            ),
+            *scaling,
         ],
     )
 
@@ -324,13 +342,37 @@ def _capacity(decision: Decision) -> CapacityStatus:
     assert decision.placement is not None and decision.placement.choice.chosen is not None
     plan = decision.placement.choice.chosen.plan
     assert plan is not None
+    assert decision.rendered is not None
+    dtype = _engine_dtype(decision.rendered)
+    host = _host_tier(decision)
     return CapacityStatus(
         kv_bytes_per_token=plan.kv_bytes_per_token,
         kv_tokens=plan.kv_tokens,
         max_concurrent_sequences=round(plan.max_concurrency, 2),
         ratio_vs_auto=round(plan.ratio_vs_auto, 3),
         max_model_len=plan.max_model_len,
+        gpu_tier=GpuTierStatus(
+            tokens=plan.kv_tokens,
+            bytes=plan.num_blocks * plan.block_bytes_per_gpu * plan.tensor_parallel,
+            dtype=dtype,
+        ),
+        cpu_tier=None
+        if host is None
+        else CpuTierStatus(
+            mode=host.mode if host.mode != "none" else None,
+            backend=host.backend,
+            connector=host.connector,
+            tokens=host.tokens,
+            bytes=host.bytes,
+            dtype=host.kv_cache_dtype,
+            note=host.note,
+        ),
     )
+
+
+def _host_tier(decision: Decision) -> HostTierPlan | None:
+    """The CPU tier of the rendered rung (None: the engine keeps none)."""
+    return decision.rendered.host_tier if decision.rendered is not None else None
 
 
 def _replica_counts(deployment: Mapping[str, Any] | None) -> tuple[int | None, int | None]:

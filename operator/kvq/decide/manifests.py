@@ -21,6 +21,7 @@ from kvq.decide.place import RungPlacement
 from kvq.decide.types import DEFAULT_OPERATOR_IMAGE, Catalogs, Manifest
 from kvq.fallback.ladder import Rung
 from kvq.placement.choice import PoolVerdict
+from kvq.planner.host_tier import HostTierPlan, plan_host_tier
 from kvq.render import (
     ONE_AT_A_TIME,
     SURGE,
@@ -43,6 +44,8 @@ class Rendered:
     manifests: tuple[Manifest, ...]
     """Namespaced and owned by the InferenceService."""
     pod_hash: str
+    host_tier: HostTierPlan | None = None
+    """The KV cache's CPU tier on this pool's plan (None: the engine keeps none)."""
 
 
 def render_rung(
@@ -80,12 +83,19 @@ def render_rung(
     pod_hash = _pod_hash(manifests)
     rollout = _rollout(isvc, verdict, deployment, pod_hash)
     manifests = [_with_rollout(m, rollout) for m in manifests]
+    host_tier = None
+    if effective.cpu_tier is not None and verdict.plan is not None:
+        dtype = rendered.args[rendered.args.index("--kv-cache-dtype") + 1]
+        host_tier = plan_host_tier(
+            effective.cpu_tier, isvc.spec.memory.swap_space_gib, verdict.plan, dtype
+        )
     return Rendered(
         effective=effective,
         args=rendered.args,
         dropped=rendered.dropped,
         manifests=tuple(owned_by(isvc, m) for m in manifests),
         pod_hash=pod_hash,
+        host_tier=host_tier,
     )
 
 

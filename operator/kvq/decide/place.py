@@ -17,6 +17,13 @@ from kvq.fallback.ladder import Rung, RungState
 from kvq.placement.choice import PoolChoice, PoolRequest, choose_pool
 from kvq.placement.discovery import Inventory
 from kvq.planner.weights import WeightFormat
+from kvq.render.pod import host_tier_bytes, memory_request_bytes
+from kvq.render.settings import (
+    EffectiveSettings,
+    engine_image_and_version,
+    host_tier_of,
+    model_footprint,
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +60,22 @@ def place_rungs(
     ]
     if spec.model.awq is not None:
         rungs.append((Rung.AWQ, "auto", "awq"))
+    image, version = engine_image_and_version(isvc)
+    tier = host_tier_of(isvc, capability, image)
     placements: dict[Rung, RungPlacement] = {}
     for rung, dtype, weights in rungs:
+        # The pod's host memory (weights, /dev/shm, the CPU tier): a node must hold it.
+        # The model served and its weights are all the memory needs of the rung.
+        sized = EffectiveSettings(
+            dtype,
+            spec.model.uri,
+            None,
+            version,
+            image,
+            capability,
+            model_footprint(isvc, arch, rung.value),
+            tier,
+        )
         request = PoolRequest(
             kv_cache_dtype=dtype,
             weight_format=weights,
@@ -73,6 +94,8 @@ def place_rungs(
             current_pool=current_pool,
             leave_current=leave_current,
             unschedulable=unschedulable or "",
+            memory_bytes=memory_request_bytes(isvc, sized),
+            host_tier_bytes=host_tier_bytes(isvc, sized),
         )
         choice = choose_pool(request, inventory, capability, arch)
         placements[rung] = RungPlacement(rung, dtype, choice, _state(rung, choice))

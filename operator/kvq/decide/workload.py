@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from kvq.api import keys
+from kvq.api.resource import InferenceService
 from kvq.api.status import InferenceServiceStatus
 from kvq.api.tiers import TierSpec
 from kvq.catalog.engines import EngineCapability, EngineVersionError
@@ -38,7 +39,7 @@ from kvq.fallback.ladder import (
 from kvq.placement.discovery import Inventory, discover_pools
 from kvq.planner.architecture import UnknownModelError, resolve_architecture
 from kvq.render import RenderError
-from kvq.render.settings import engine_image_and_version
+from kvq.render.settings import engine_image_and_version, host_tier_of
 
 # Why the service waits (Placed=False): the condition's reason the grace period counts from.
 WAITING = "WaitingForCapacity"
@@ -54,6 +55,9 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     except (RenderError, EngineVersionError, UnknownModelError) as error:
         reason = "ModelUnknown" if isinstance(error, UnknownModelError) else "EngineUnsupported"
         return _plan(snap, previous, Decision(blocked=(reason, str(error)), tier=tier))
+    if (refused := _cpu_tier_refusal(isvc, capability)) is not None:
+        # Every rung and pool runs this engine: no fallback can keep the CPU tier.
+        return _plan(snap, previous, Decision(blocked=("CpuTierUnsupported", refused), tier=tier))
 
     key = ladder_key(isvc.spec)
     stored = previous.fallback
@@ -188,6 +192,15 @@ def _engine_and_model(snap: Snapshot) -> tuple[EngineCapability, ModelArchitectu
     capability = snap.catalogs.engines.capability(version)
     arch = resolve_architecture(snap.isvc.spec.model, snap.catalogs.models)
     return capability, arch
+
+
+def _cpu_tier_refusal(isvc: InferenceService, capability: EngineCapability) -> str | None:
+    """Why this engine cannot keep the spec's CPU tier (None: it can, or none is asked)."""
+    try:
+        host_tier_of(isvc, capability, engine_image_and_version(isvc)[0])
+    except RenderError as error:
+        return str(error)
+    return None
 
 
 def _current_rung(status: InferenceServiceStatus) -> Rung | None:

@@ -56,6 +56,10 @@ class PoolRequest:
     unschedulable: str = ""
     """The scheduler's message when the service's pods do not fit on the current pool (it
     knows more than GPU counts: CPU, memory, affinity)."""
+    memory_bytes: int | None = None
+    """The engine container's memory request: one node must have it allocatable."""
+    host_tier_bytes: int = 0
+    """The part of it that is the KV cache's CPU tier (memory.swapSpaceGiB x GPUs)."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,9 @@ def _judge(
         reasons.append(
             f"nodes have {pool.gpus_per_node} GPUs, a replica needs {request.gpus_per_replica}"
         )
+    memory = _memory_problem(pool, request)
+    if memory is not None:
+        reasons.append(memory)
     split = tensor_parallel_problem(arch, request.gpus_per_replica)
     if split is not None:
         reasons.append(split)
@@ -208,6 +215,28 @@ def _judge(
     if request.unschedulable and pool.name == request.current_pool:
         not_now = f"replicas cannot be scheduled ({request.unschedulable})"
     return PoolVerdict(pool, tuple(reasons), plan, slots, not_now)
+
+
+def _memory_problem(pool: NodePool, request: PoolRequest) -> str | None:
+    """Why no node of the pool can hold one replica's memory (None: one can, or the nodes
+    do not report their memory)."""
+    largest = pool.largest_memory
+    if request.memory_bytes is None or not largest or request.memory_bytes <= largest:
+        return None
+    tier = (
+        f", {_gib(request.host_tier_bytes)} of it the KV cache's CPU tier "
+        "(memory.swapSpaceGiB x gpusPerReplica)"
+        if request.host_tier_bytes
+        else ""
+    )
+    return (
+        f"a replica asks for {_gib(request.memory_bytes)} of host memory{tier}; the largest "
+        f"node has {_gib(largest)} allocatable"
+    )
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
 
 
 def _room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:

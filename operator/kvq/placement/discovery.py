@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvq.api import keys
+from kvq.api.quantity import quantity_value
 from kvq.catalog.gpus import GpuCatalog, GpuModel
 from kvq.placement.pool import GpuNode, NodePool, OwnerKey, Taint, TaintEffect
 
@@ -292,7 +293,7 @@ def _used(node: GpuNode, used: Mapping[OwnerKey | None, int] | None) -> GpuNode:
     # Built directly, not by dataclasses.replace: a fleet's decision does this per node.
     if used is None:
         return node
-    return GpuNode(node.name, node.allocatable, node.ready, node.taints, dict(used))
+    return GpuNode(node.name, node.allocatable, node.ready, node.taints, dict(used), node.memory)
 
 
 def node_fingerprint(
@@ -310,6 +311,7 @@ def node_fingerprint(
         facts.memory_mib,
         facts.gpus,
         facts.node.allocatable,
+        facts.node.memory,
         facts.node.ready,
         facts.node.taints,
         tuple(sorted(facts.labels.items())),
@@ -403,6 +405,7 @@ def _read_node(
             ready=_is_ready(status) and not spec.get("unschedulable", False),
             taints=_interned(frozenset(_taints(spec.get("taints") or []))),
             used=dict(usage.get(name, {})),
+            memory=_memory_bytes((status.get("allocatable") or {}).get("memory")),
         ),
         labels=labels,
     )
@@ -447,6 +450,15 @@ def _taints(raw: Iterable[Mapping[str, Any]]) -> Iterable[Taint]:
         effect = taint.get("effect")
         if effect in _EFFECTS and taint.get("key"):
             yield Taint(key=taint["key"], value=taint.get("value"), effect=effect)
+
+
+def _memory_bytes(value: Any) -> int:
+    """A node's allocatable memory ("2000Gi", "131072Ki", "17179869184") in bytes; 0 when
+    absent or unreadable (placement then does not judge memory)."""
+    try:
+        return int(quantity_value(str(value))) if value is not None else 0
+    except ValueError:
+        return 0
 
 
 def _quantity(value: Any) -> int:

@@ -34,6 +34,8 @@ class GpuNode:
     taints: frozenset[Taint] = frozenset()
     used: Mapping[OwnerKey | None, int] = field(default_factory=dict)
     """GPUs requested by pods bound to the node, by owning InferenceService (None: others)."""
+    memory: int = 0
+    """Allocatable memory in bytes (status.allocatable.memory; 0: not reported)."""
 
     @cached_property
     def taken(self) -> int:
@@ -77,6 +79,11 @@ class NodePool:
     @property
     def allocatable_gpus(self) -> int:
         return sum(n.allocatable for n in self.nodes if n.ready)
+
+    @property
+    def largest_memory(self) -> int:
+        """The most allocatable memory of one node (0: no node reports it)."""
+        return max((n.memory for n in self.nodes), default=0)
 
     def promised_to_others(self, owner: OwnerKey | None) -> int:
         """GPUs promised to every InferenceService but `owner` (whose own count as free

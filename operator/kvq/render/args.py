@@ -12,6 +12,7 @@ from kvq.api.engine import MANAGED_FLAGS
 from kvq.api.resource import InferenceService
 from kvq.catalog.engines import EngineCapability
 from kvq.placement.pool import NodePool
+from kvq.planner.host_tier import host_tier_gib_per_gpu
 from kvq.render.model_source import ModelSource, resolve_model_source
 from kvq.render.settings import EffectiveSettings, RenderError
 
@@ -93,7 +94,7 @@ def engine_args(
         add("--block-size", str(spec.kv_cache.block_size))
 
     add("--gpu-memory-utilization", _number(spec.memory.gpu_memory_utilization))
-    dropped.extend(_swap_space(isvc, capability, args))
+    _host_tier(isvc, effective, args)
     if spec.memory.max_model_len is not None:
         add("--max-model-len", str(spec.memory.max_model_len))
     if spec.memory.max_num_seqs is not None:
@@ -158,24 +159,28 @@ def _model_args(capability: EngineCapability, source: ModelSource) -> list[str]:
     return ["--model", source.model_arg]
 
 
-def _swap_space(
-    isvc: InferenceService, capability: EngineCapability, args: list[str]
-) -> list[DroppedFlag]:
+def _host_tier(isvc: InferenceService, effective: EffectiveSettings, args: list[str]) -> None:
+    """The KV cache's CPU tier: --swap-space (V0 swap, GiB per GPU) or KV offloading
+    (--kv-offloading-size, GiB in total over the TP ranks, and its backend)."""
     swap = isvc.spec.memory.swap_space_gib
-    if swap is None:
-        return []  # the engine's own default (and nothing to report where it has none)
-    if capability.has_flag("--swap-space"):
-        args.extend(["--swap-space", _number(swap)])
-        return []
-    if swap == 0:
-        return []
-    return [
-        DroppedFlag(
-            "--swap-space",
-            f"{capability.dropped_reason('--swap-space')}: swapSpaceGiB={_number(swap)} is "
-            "ignored (this engine keeps no CPU swap for the KV cache)",
+    tier = effective.cpu_tier
+    if tier is None:
+        if swap == 0 and effective.capability.cpu_tier.mode == "swap":
+            args.extend(["--swap-space", "0"])  # no tier, not the engine's 4 GiB default
+        return
+    gib = host_tier_gib_per_gpu(tier.mode, swap)
+    if tier.mode == "swap":
+        if swap is not None:  # unset: the engine's own default (4 GiB), as planned
+            args.extend(["--swap-space", _number(gib)])
+        return
+    if any(a.split("=", 1)[0] == "--kv-transfer-config" for a in isvc.spec.engine.extra_args):
+        raise RenderError(
+            "memory.swapSpaceGiB turns on vLLM's KV offloading, which sets the engine's "
+            "--kv-transfer-config itself; engine.extraArgs sets one too: drop one of them"
         )
-    ]
+    total = gib * isvc.spec.placement.gpus_per_replica
+    assert tier.backend is not None
+    args.extend(["--kv-offloading-size", _number(total), "--kv-offloading-backend", tier.backend])
 
 
 def _calculate_scales(

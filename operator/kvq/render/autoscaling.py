@@ -6,6 +6,15 @@ that selects exactly this service's engines by kvq's label contract (`namespace`
 `service` = the engine Service, named after the InferenceService), summed over the
 replicas, against a per-replica threshold (AverageValue): the HPA's desired count is then
 ceil(sum / threshold). Metric names follow the engine version (the catalog).
+
+With KV offloading (a CPU tier on a V1 engine) the KV-cache usage gauge is no scaling
+signal: the tier's purpose is to let the GPU cache run full and serve evicted prefixes
+from host memory, so a full GPU cache no longer means a replica is short (users of
+llm-d's autoscaler saw vllm:kv_cache_usage_perc sit near 100% with offloading on and scale
+up for nothing). The ScaledObject then scales on requests waiting and on requests running
+against the sequences one replica holds (the planner's concurrency), which measure what a
+user waits for. V0 swap (vLLM 0.8-0.10) changes nothing here: it only catches preempted
+sequences.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvq.api.autoscaling import AutoscalingTargets
 from kvq.api.keys import API_VERSION, KIND
 from kvq.api.resource import InferenceService
 from kvq.api.tiers import TierSpec
@@ -25,6 +35,10 @@ SCALED_OBJECT_KIND = "ScaledObject"
 # KEDA's threshold and activation values are strings; the HPA compares milli-units.
 _DECIMALS = 3
 ACTIVITY_ONLY = 1_000_000.0
+OFFLOAD_RUNNING_FRACTION = 0.8
+"""The running-fraction target used with KV offloading when the spec gives none."""
+OFFLOAD_REQUESTS_WAITING = 2.0
+"""The queue target used with KV offloading when nothing else is left (the CRD default)."""
 
 
 @dataclass(frozen=True)
@@ -45,12 +59,14 @@ def render_scaled_object(
     concurrency: float | None,
     max_replicas: int,
     tier: TierSpec | None = None,
+    offloading: bool = False,
 ) -> dict[str, Any]:
     """The ScaledObject for `isvc` (which must have spec.autoscaling).
 
     `concurrency`: the sequences one replica holds at maxModelLen (the plan of the rung
     that runs), for the running-fraction target. `max_replicas`: spec's maxReplicas, or
-    fewer when the pool cannot hold that many.
+    fewer when the pool cannot hold that many. `offloading`: the engine keeps a CPU tier
+    by KV offloading; the KV-usage target is then left out (see `scaling_targets`).
     """
     auto = isvc.spec.autoscaling
     assert auto is not None, "render_scaled_object needs spec.autoscaling"
@@ -58,7 +74,7 @@ def render_scaled_object(
     name = workload_name(isvc, tier)
     selector = f'namespace="{namespace}",service="{name}"'
     triggers: list[dict[str, Any]] = []
-    targets = auto.targets
+    targets = scaling_targets(isvc, offloading=offloading, concurrency=concurrency)
     if targets.kv_cache_usage is not None:
         triggers.append(
             _trigger(
@@ -141,6 +157,28 @@ def render_scaled_object(
     }
 
 
+def scaling_targets(
+    isvc: InferenceService, *, offloading: bool, concurrency: float | None
+) -> AutoscalingTargets:
+    """The targets the ScaledObject scales on: the spec's, but with KV offloading without
+    the KV-usage gauge, and with running requests against the planned concurrency (0.8
+    of it unless the spec says) so that a full replica is still seen."""
+    auto = isvc.spec.autoscaling
+    assert auto is not None
+    targets = auto.targets
+    if not offloading:
+        return targets
+    running = targets.running_fraction
+    if running is None and concurrency:
+        running = OFFLOAD_RUNNING_FRACTION
+    waiting = targets.requests_waiting
+    if waiting is None and running is None:
+        waiting = OFFLOAD_REQUESTS_WAITING
+    return AutoscalingTargets(
+        kv_cache_usage=None, requests_waiting=waiting, running_fraction=running
+    )
+
+
 def replicas_with_auto_cache(replicas: int, ratio_vs_auto: float | None) -> int | None:
     """Replicas a KV-bound load would need with the auto cache: fp8 holds `ratio` times the
     tokens, so the same load spread over auto replicas needs that many times more."""
@@ -192,4 +230,5 @@ __all__ = [
     "PrometheusAccess",
     "render_scaled_object",
     "replicas_with_auto_cache",
+    "scaling_targets",
 ]

@@ -5,9 +5,10 @@ Sizes are derived from the model when the spec leaves them out (see `EngineResou
 `ModelCacheSpec` in kvq.api.model_cache for the formulas as users read them):
 
 - memory: 2 GiB + 3 GiB per GPU (API server, engine core, one worker per GPU) + the
-  weights (they pass through host memory while loading) + /dev/shm + the engine's CPU swap
-  per GPU where it has --swap-space; the limit equals the request. CPU: 2 + 2 per GPU,
-  no limit.
+  weights (they pass through host memory while loading) + /dev/shm + the KV cache's CPU
+  tier (spec.memory.swapSpaceGiB per GPU: pinned host memory, V0 swap or V1 offloading;
+  4 GiB per GPU on swap engines when unset); the limit equals the request. CPU: 2 + 2 per
+  GPU, no limit.
 - /dev/shm: 1 GiB per GPU of the replica.
 - cache: every model the cache may hold x 1.2 + 1 GiB (a moved branch keeps its old blobs).
 - start-up probe: 5 minutes + loading at 100 MiB/s, at least 10 minutes; when the engine
@@ -32,6 +33,7 @@ from kvq.api.quantity import quantity_value
 from kvq.api.resource import InferenceService
 from kvq.fetch.failures import FETCH_CONTAINER
 from kvq.fetch.layout import CACHE_MOUNT, FETCH_HOME, MODEL_LINK, MODEL_LINK_DIR
+from kvq.planner.host_tier import host_tier_gib_per_gpu
 from kvq.render.settings import EffectiveSettings, RenderError
 
 DEFAULT_FETCH_IMAGE = f"kvq/operator:{__version__}"
@@ -48,7 +50,6 @@ MIB = 1024**2
 _BASE_MEMORY = 2 * GIB
 _MEMORY_PER_GPU = 3 * GIB
 _SHM_PER_GPU = 1 * GIB
-_DEFAULT_SWAP_GIB = 4.0  # vLLM's default --swap-space, per GPU
 _BASE_CPU = 2
 _CPU_PER_GPU = 2
 _CACHE_HEADROOM = 1.2
@@ -267,10 +268,9 @@ def container_resources(isvc: InferenceService, effective: EffectiveSettings) ->
     asked = spec.engine.resources
     requests = asked.requests if asked and asked.requests else ResourceAmounts()
     limits = asked.limits if asked and asked.limits else ResourceAmounts()
-    derived_memory = _derived_memory(isvc, effective)
     derived_cpu = str(_BASE_CPU + _CPU_PER_GPU * tp)
 
-    memory_request = requests.memory or _at_most(derived_memory, limits.memory)
+    memory_request = _memory_request(isvc, effective)
     memory_limit = limits.memory or memory_request
     cpu_request = requests.cpu or _at_most(derived_cpu, limits.cpu)
     for name, low, high in (
@@ -281,6 +281,14 @@ def container_resources(isvc: InferenceService, effective: EffectiveSettings) ->
             raise RenderError(
                 f"engine.resources: requests.{name} {low} is above limits.{name} {high}"
             )
+    tier = host_tier_bytes(isvc, effective)
+    if tier and memory_limit is not None and quantity_value(memory_limit) <= tier:
+        # The tier is pinned at start-up: the kernel would kill the engine every time.
+        raise RenderError(
+            f"engine.resources: a memory limit of {memory_limit} cannot hold the KV cache's "
+            f"CPU tier ({_gib(tier)}: memory.swapSpaceGiB x gpusPerReplica) besides the "
+            "engine itself: raise the limit or lower swapSpaceGiB"
+        )
     gpus = str(tp)
     out: dict[str, Any] = {
         "requests": {"cpu": cpu_request},
@@ -296,20 +304,37 @@ def container_resources(isvc: InferenceService, effective: EffectiveSettings) ->
     return out
 
 
+def memory_request_bytes(isvc: InferenceService, effective: EffectiveSettings) -> int | None:
+    """The engine container's memory request in bytes (None: not derived, none asked):
+    what each node of a pool must have allocatable for one replica."""
+    request = _memory_request(isvc, effective)
+    return None if request is None else int(quantity_value(request))
+
+
+def host_tier_bytes(isvc: InferenceService, effective: EffectiveSettings) -> int:
+    """Host memory of the KV cache's CPU tier, all GPUs of a replica (0: none)."""
+    tier = effective.cpu_tier
+    gib = host_tier_gib_per_gpu(tier.mode if tier else None, isvc.spec.memory.swap_space_gib)
+    return int(gib * GIB * isvc.spec.placement.gpus_per_replica)
+
+
+def _memory_request(isvc: InferenceService, effective: EffectiveSettings) -> str | None:
+    asked = isvc.spec.engine.resources
+    requests = asked.requests if asked and asked.requests else ResourceAmounts()
+    limits = asked.limits if asked and asked.limits else ResourceAmounts()
+    return requests.memory or _at_most(_derived_memory(isvc, effective), limits.memory)
+
+
 def _derived_memory(isvc: InferenceService, effective: EffectiveSettings) -> str | None:
     if effective.footprint is None:
         return None
     tp = isvc.spec.placement.gpus_per_replica
-    swap_gib = 0.0
-    if effective.capability.has_flag("--swap-space"):
-        asked = isvc.spec.memory.swap_space_gib
-        swap_gib = _DEFAULT_SWAP_GIB if asked is None else asked
     total = (
         _BASE_MEMORY
         + _MEMORY_PER_GPU * tp
         + effective.footprint.served_weight_bytes
         + quantity_value(shm_size(isvc))
-        + swap_gib * GIB * tp
+        + host_tier_bytes(isvc, effective)
     )
     return _gib(total)
 

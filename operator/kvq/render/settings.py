@@ -8,6 +8,7 @@ from typing import Literal
 from kvq.api.resource import InferenceService
 from kvq.catalog.engines import (
     DEFAULT_IMAGE,
+    CpuTierVerdict,
     EngineCapability,
     EngineCatalog,
     EngineVersionError,
@@ -16,6 +17,7 @@ from kvq.catalog.engines import (
 )
 from kvq.catalog.gpus import GpuModel
 from kvq.catalog.models import ModelArchitecture
+from kvq.planner.host_tier import cpu_tier_verdict
 from kvq.planner.weights import weight_bytes_per_gpu
 
 RungName = Literal["requested", "auto", "awq"]
@@ -68,6 +70,9 @@ class EffectiveSettings:
     footprint: ModelFootprint | None = None
     """The model's sizes; None when the caller gave no architecture (then nothing is derived
     from the model's size: no memory default, a fixed start-up budget, no default cache size)."""
+    cpu_tier: CpuTierVerdict | None = None
+    """The KV cache's host-memory tier (spec.memory.swapSpaceGiB) on this engine; None when
+    there is none. Never a refused one: effective_settings raises instead."""
 
 
 def awq_quantization(compute_capability: tuple[int, int]) -> str | None:
@@ -118,13 +123,14 @@ def effective_settings(
     except EngineVersionError as error:
         raise RenderError(str(error)) from error
     spec = isvc.spec
+    tier = host_tier_of(isvc, capability, image)
     if rung == "requested":
         return EffectiveSettings(
-            spec.kv_cache.dtype, spec.model.uri, None, version, image, capability, footprint
+            spec.kv_cache.dtype, spec.model.uri, None, version, image, capability, footprint, tier
         )
     if rung == "auto":
         return EffectiveSettings(
-            "auto", spec.model.uri, None, version, image, capability, footprint
+            "auto", spec.model.uri, None, version, image, capability, footprint, tier
         )
     if spec.model.awq is None:
         raise RenderError("the awq rung needs spec.model.awq.uri")
@@ -135,5 +141,18 @@ def effective_settings(
             f"{gpu.compute_capability_str}"
         )
     return EffectiveSettings(
-        "auto", spec.model.awq.uri, quantization, version, image, capability, footprint
+        "auto", spec.model.awq.uri, quantization, version, image, capability, footprint, tier
     )
+
+
+def host_tier_of(
+    isvc: InferenceService, capability: EngineCapability, image: str
+) -> CpuTierVerdict | None:
+    """The CPU tier the spec asks of this engine (None: none); RenderError when the engine
+    cannot keep it, with the reason (the CRD refuses it already where the version is known
+    from the spec; this catches the rest, e.g. an object applied under an older CRD)."""
+    memory = isvc.spec.memory
+    verdict = cpu_tier_verdict(capability, memory.swap_space_gib, memory.offload_backend, image)
+    if verdict is not None and not verdict.ok:
+        raise RenderError(f"memory.swapSpaceGiB: {verdict.reason}")
+    return verdict
