@@ -92,6 +92,48 @@ def test_plan_flags_engine_refusals() -> None:
     assert "Turing" in fp8["engine"]["reason"]
 
 
+def plan_args(*extra: str) -> list[str]:
+    return ["plan", "--model", "llama-3-8b", "--gpu", "H100", "--max-model-len", "8192", *extra]
+
+
+def test_plan_prints_the_cpu_tier_beside_the_gpu_tier() -> None:
+    result = runner.invoke(app, plan_args("--swap-space-gib", "16", "-o", "json"))
+    assert result.exit_code == 0, result.output
+    dtypes = json.loads(result.stdout)["dtypes"]
+    # kvq's default engine (0.26) offloads natively; the host copy keeps the GPU's dtype.
+    assert dtypes["auto"]["cpuTier"] == {
+        "ok": True,
+        "mode": "offload",
+        "backend": "native",
+        "connector": "OffloadingConnector",
+        "gibPerGpu": 16.0,
+        "bytes": 16 * 2**30,
+        "tokens": 131_072,
+        "dtype": "auto",
+        "engineVersion": "0.26.0",
+    }
+    assert dtypes["fp8"]["cpuTier"]["tokens"] == 262_144
+    table = runner.invoke(app, plan_args("--swap-space-gib", "16", "--kv-cache-dtype", "fp8"))
+    assert "CPU tier tokens" in table.stdout and "262,144" in table.stdout
+    assert "CPU tier on vLLM 0.26.0: offload native, OffloadingConnector, 16 GiB per GPU" in (
+        table.stdout
+    )
+    without = json.loads(runner.invoke(app, plan_args("-o", "json")).stdout)
+    assert "cpuTier" not in without["dtypes"]["auto"]
+
+
+def test_plan_says_when_the_engine_cannot_keep_the_cpu_tier() -> None:
+    result = runner.invoke(
+        app, plan_args("--swap-space-gib", "8", "--engine-version", "0.13.0", "-o", "json")
+    )
+    tier = json.loads(result.stdout)["dtypes"]["auto"]["cpuTier"]
+    assert tier["ok"] is False
+    assert "native offloading works from vLLM 0.14" in tier["reason"]
+    swap = runner.invoke(app, plan_args("--swap-space-gib", "8", "--engine-version", "0.10.2"))
+    assert "CPU tier on vLLM 0.10.2: swap" in swap.stdout
+    assert "only the V0 engine swaps" in swap.stdout
+
+
 def test_plan_rejects_unknown_gpu_and_model() -> None:
     unknown_gpu = runner.invoke(app, ["plan", "--model", "llama-3-8b", "--gpu", "Voodoo5"])
     assert unknown_gpu.exit_code == 2

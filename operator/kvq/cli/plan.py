@@ -31,14 +31,39 @@ def plan(
     engine_version: Annotated[
         str | None, typer.Option(help="Also check each dtype against this vLLM version")
     ] = None,
+    swap_space_gib: Annotated[
+        float | None,
+        typer.Option(
+            "--swap-space-gib",
+            min=0.0,
+            max=1024.0,
+            help="spec.memory.swapSpaceGiB: the KV cache's CPU tier, GiB per GPU (V0 swap or "
+            "V1 offloading, by --engine-version; kvq's default engine when not given)",
+        ),
+    ] = None,
+    offload_backend: Annotated[
+        str, typer.Option(help="spec.memory.offloadBackend: native or lmcache")
+    ] = "native",
+    engine_image: Annotated[
+        str | None,
+        typer.Option(
+            help="The engine image (whether it ships LMCache); the stock one if not given"
+        ),
+    ] = None,
     output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
 ) -> None:
     """What one replica holds on a GPU, per KV-cache dtype, before anything is scheduled."""
-    from kvq.catalog.engines import EngineVersionError, load_engine_catalog
+    from kvq.catalog.engines import (
+        DEFAULT_IMAGE,
+        EngineVersionError,
+        load_engine_catalog,
+        version_from_image,
+    )
     from kvq.catalog.gpus import load_gpu_catalog
     from kvq.catalog.models import load_model_catalog
     from kvq.planner import plan_capacity
     from kvq.planner.architecture import UnknownModelError, architecture_for_cli
+    from kvq.planner.host_tier import host_tier_figures
 
     if output not in ("table", "json"):
         fail(f"--output must be table or json, not {output!r}")
@@ -52,12 +77,19 @@ def plan(
         model_name, arch = architecture_for_cli(model, load_model_catalog())
     except UnknownModelError as error:
         fail(str(error))
+    if offload_backend not in ("native", "lmcache"):
+        fail(f"--offload-backend must be native or lmcache, not {offload_backend!r}")
     capability = None
     if engine_version is not None:
         try:
             capability = load_engine_catalog().capability(engine_version)
         except EngineVersionError as error:
             fail(str(error))
+    # The CPU tier is a fact of the engine: kvq's default one unless --engine-version says.
+    tier_engine = capability or load_engine_catalog().capability(
+        version_from_image(DEFAULT_IMAGE) or ""
+    )
+    image = engine_image or f"vllm/vllm-openai:v{tier_engine.version}"
     rows: dict[str, dict[str, Any]] = {}
     for dtype in dtypes:
         result = plan_capacity(
@@ -84,6 +116,16 @@ def plan(
         }
         if result.reason:
             row["reason"] = result.reason
+        if swap_space_gib is not None:
+            tier = host_tier_figures(
+                tier_engine,
+                result,
+                swap_space_gib,
+                "lmcache" if offload_backend == "lmcache" else "native",
+                image,
+            )
+            if tier is not None:
+                row["cpuTier"] = {**tier, "engineVersion": tier_engine.version}
         if capability is not None:
             verdict = capability.kv_dtype_verdict(dtype, gpu_model.compute_capability)
             row["engine"] = {
@@ -119,6 +161,10 @@ def _print_plan_table(
     table = Table(title=title)
     for column in ("dtype", "bytes/token", "KV memory", "KV tokens", "max seqs", "vs auto"):
         table.add_column(column, justify="left" if column == "dtype" else "right")
+    tiered = any("cpuTier" in row for row in rows.values())
+    if tiered:
+        table.add_column("CPU tier", justify="right")
+        table.add_column("CPU tier tokens", justify="right")
     if engine:
         table.add_column(f"vLLM {engine}")
     notes: list[str] = []
@@ -134,6 +180,8 @@ def _print_plan_table(
         ]
         if row.get("reason"):
             notes.append(f"{dtype}: {row['reason']}")
+        if tiered:
+            cells += _tier_cells(dtype, row.get("cpuTier"), notes)
         if engine:
             verdict = row["engine"]
             cells.append("ok" if verdict["ok"] else "refused")
@@ -145,3 +193,20 @@ def _print_plan_table(
     Console(width=120).print(table)
     for note in dict.fromkeys(notes):
         print(note)
+
+
+def _tier_cells(dtype: str, tier: dict[str, Any] | None, notes: list[str]) -> list[str]:
+    """The CPU tier's columns (size, tokens) and what the notes say about it."""
+    if tier is None:
+        return ["-", "-"]
+    if not tier["ok"]:
+        notes.append(f"CPU tier refused: {tier['reason']}")
+        return ["refused", "-"]
+    how = f"{tier['mode']} {tier['backend']}" if tier.get("backend") else tier["mode"]
+    connector = f", {tier['connector']}" if tier.get("connector") else ""
+    notes.append(
+        f"CPU tier on vLLM {tier['engineVersion']}: {how}{connector}, "
+        f"{tier['gibPerGpu']:g} GiB per GPU of pinned host memory in the pod's request, "
+        "the GPU cache's blocks as they are" + (f"; {tier['note']}" if tier.get("note") else "")
+    )
+    return [f"{tier['bytes'] / 2**30:.2f} GiB", f"{tier['tokens']:,}"]
