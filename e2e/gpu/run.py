@@ -4,6 +4,7 @@
     run.py [--shapes a,b] [--dtypes auto,fp8] [--load llama-3-8b/auto ...] [--out DIR]
     run.py --dry-run [--gpu-name "NVIDIA H200" --gpu-memory-mib 143771]
     run.py report RUN.json [RUN.json ...] --out e2e/gpu/results
+    run.py offload [--dry-run --gpu-name "NVIDIA H200" --gpu-memory-mib 143771] [--out DIR]
 
 Needs vLLM importable by `--python` (the offline bundle: e2e/gpu/README.md) and kvq on
 PYTHONPATH (operator/). Writes <out>/<date>-<gpu>[-label].json and .md, the engine logs
@@ -136,9 +137,62 @@ def report_main(argv: list[str]) -> int:
     return 0
 
 
+def offload_main(argv: list[str]) -> int:
+    """The CPU tier (memory.swapSpaceGiB) against no tier: gputier/offload.py."""
+    from gputier import offload
+    from gputier.gpu import pool_for
+    from gputier.tier import TierConfig, new_document
+
+    parser = argparse.ArgumentParser(prog="run.py offload", description="kvq's CPU KV tier")
+    parser.add_argument("--python", default="python3", help="the image's python (vLLM)")
+    parser.add_argument("--deadline-s", type=float, default=540.0)
+    parser.add_argument("--label", default="offload", help="suffix of the result files")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--gpu-name", help="with --dry-run: the GPU nvidia-smi would name")
+    parser.add_argument("--gpu-memory-mib", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.gpu_name:
+        info = GpuInfo(args.gpu_name, args.gpu_memory_mib or 0, "unknown", 1)
+    else:
+        info = detect_gpus()
+    pool = pool_for(info)
+    config = offload.OffloadConfig()
+    if args.dry_run:
+        print("\n".join(offload.dry_run_lines(pool, config, args.python)))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    run_dir = args.out / f"logs-{args.label}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "offload-in-progress.json"
+    document = new_document(info, pool, TierConfig(shapes=(), dtypes=(), label=args.label))
+    document = offload.run_offload(
+        pool,
+        document,
+        config,
+        run_dir,
+        write_json(json_path),
+        python=args.python,
+        deadline_s=args.deadline_s,
+    )
+    stem = f"{report.file_stem(document)}-{args.label}"
+    final = args.out / f"{stem}.json"
+    json_path.replace(final)
+    text = "\n".join(offload.markdown(document["offload"]["points"], document["offload"]["load"]))
+    (args.out / f"{stem}.md").write_text(text + "\n")
+    print(text)
+    checks = [p for p in document["offload"]["points"] if p.get("outcome") == "served"]
+    bad = [p for p in checks if not (p["log"]["names_connector"] and p["log"]["size_matches"])]
+    served = f"served {len(checks)} of {len(config.points)}"
+    print(f"wrote {final}; {served}; log checks failed: {len(bad)}")
+    return 1 if bad or len(checks) != len(config.points) else 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["report"]:
         return report_main(argv[1:])
+    if argv[:1] == ["offload"]:
+        return offload_main(argv[1:])
     return tier_main(argv)
 
 

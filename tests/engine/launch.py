@@ -95,6 +95,8 @@ class EngineCase:
     rung: str = "requested"  # "auto": kvq's fallback rung for the same InferenceService
     # Run vLLM as on a CPU without AVX-512 and AMX (hide_avx512.c).
     hide_avx512: bool = False
+    # spec.memory.swapSpaceGiB: the KV cache's CPU tier (KV offloading on vLLM 0.32).
+    swap_space_gib: float | None = None
 
     @property
     def id(self) -> str:
@@ -103,6 +105,8 @@ class EngineCase:
             parts.append(f"to-{self.rung}")
         if self.hide_avx512:
             parts.append("no-avx512")
+        if self.swap_space_gib is not None:
+            parts.append(f"swap{self.swap_space_gib:g}")
         return "-".join(parts)
 
     def fallback(self) -> EngineCase:
@@ -194,7 +198,14 @@ def inference_service(case: EngineCase) -> InferenceService:
                 "model": {"uri": f"pvc://{MODEL_CLAIM}/{name}"},
                 "engine": {"image": ENGINE_IMAGE, "extraArgs": extra_args, "env": env},
                 "kvCache": {"dtype": case.kv_cache_dtype},
-                "memory": {"maxModelLen": MAX_MODEL_LEN},
+                "memory": {
+                    "maxModelLen": MAX_MODEL_LEN,
+                    **(
+                        {"swapSpaceGiB": case.swap_space_gib}
+                        if case.swap_space_gib is not None
+                        else {}
+                    ),
+                },
             },
         }
     )

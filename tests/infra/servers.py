@@ -24,10 +24,15 @@ VLLM_METRICS = (
 )
 
 
-def vllm_exposition(waiting: float, running: float = 0.0) -> str:
-    """The real exposition with the requests waiting and running replaced."""
+def vllm_exposition(waiting: float, running: float = 0.0, kv_usage: float = 0.0) -> str:
+    """The real exposition with the requests waiting and running and the KV-cache usage
+    replaced."""
     text = VLLM_METRICS.read_text()
-    for name, value in (("num_requests_waiting", waiting), ("num_requests_running", running)):
+    for name, value in (
+        ("num_requests_waiting", waiting),
+        ("num_requests_running", running),
+        ("kv_cache_usage_perc", kv_usage),
+    ):
         text, replaced = re.subn(
             rf"^(vllm:{name}\{{[^}}]*\}}) \S+$", rf"\g<1> {value:.1f}", text, flags=re.M
         )
