@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,9 @@ class EnginePool:
         key = self._key(case)
         if key in self._outcomes:
             self._outcomes.move_to_end(key)
-            return self._outcomes[key]
+            # The same engine, described as the case that asked for it: an `auto` service
+            # and an fp8 service's fallback to auto share a server, not a case.
+            return replace(self._outcomes[key], case=case)
         self._make_room()
         workdir = self.root / case.id
         workdir.mkdir(parents=True, exist_ok=True)
