@@ -37,10 +37,12 @@ SUITES = "needle,json,repetition"
 # by key only a little better than chance (README): its haystacks hold no distractors.
 NEEDLE_DISTRACTORS = "0"
 # The trained model's fitness, with the auto cache: it must really retrieve its needles
-# and write JSON, or nothing below measures anything. Two CPUs' models scored 0.85 / 1.0
-# (README); these floors leave room for a third CPU's training.
+# and write JSON, or nothing below measures anything. Each CPU trains its own model:
+# needle accuracy 0.85 on two Intel Xeons, 0.675 on an AMD EPYC without AVX-512; JSON
+# valid 1.0 on all three (README). The floors say "retrieves", far above chance (a
+# needle's value is one of 100) and far below any model trained so far.
 AUTO_REQUIREMENTS = (
-    "needle.accuracy>=0.6",
+    "needle.accuracy>=0.4",
     "json.validRate>=0.7",
 )
 # A quantized cache against the auto server of this CPU's model, on the same prompts:
