@@ -76,7 +76,7 @@ prometheus: # Debian's prometheus package (apt only when /usr/bin/prometheus is 
 
 .PHONY: binaries build-k8s cluster-up cluster-down cluster-status
 PROFILE ?= hetero
-binaries: # etcd, kube-apiserver/-controller-manager/-scheduler, KWOK, Helm, KEDA, kstatus: built once per version
+binaries: # etcd, kube-apiserver/-controller-manager/-scheduler, KWOK, Helm, KEDA, LWS, kstatus: built once per version
 	@bash e2e/scripts/build-binaries.sh
 	@bash e2e/kstatus/build.sh >/dev/null
 

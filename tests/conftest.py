@@ -4,7 +4,7 @@ Tests marked `cluster` ask for `kube` (or `namespace`, `viewer`): the first such
 one cluster for the whole session (building the pinned binaries if they are not cached), and
 the session's end stops it. Tests that ask for none of these never start anything.
 
-Opt-in add-ons on that cluster: a test that asks for `keda` or `gateway` starts that add-on
+Opt-in add-ons on that cluster: a test that asks for `keda`, `gateway` or `lws` starts that add-on
 once for the session (built on first use; see e2e.devcluster.addons).
 
 Environment: KVQ_TEST_PROFILE picks the cluster profile (default hetero);
@@ -120,6 +120,13 @@ def gateway(request: pytest.FixtureRequest, kube: Kube) -> dict[str, str]:
     url (the listener, http://127.0.0.1:PORT), gateway, namespace, gatewayClass, listenerPort,
     edgeNode and edgeAddress (empty when this machine has no non-loopback address)."""
     return _start_addon(request, kube, "gateway")
+
+
+@pytest.fixture(scope="session")
+def lws(request: pytest.FixtureRequest, kube: Kube) -> dict[str, str]:
+    """LeaderWorkerSet's controller (CRDs, webhooks) on the session's cluster; what it
+    exposes: namespace, webhook (its URL), version."""
+    return _start_addon(request, kube, "lws")
 
 
 @pytest.fixture(scope="session")

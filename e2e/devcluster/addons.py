@@ -1,4 +1,5 @@
-"""Opt-in add-ons of a running dev cluster: `keda` (autoscaling) and `gateway` (Gateway API).
+"""Opt-in add-ons of a running dev cluster: `keda` (autoscaling), `gateway` (Gateway API) and
+`lws` (LeaderWorkerSet, multi-node replicas).
 
 None starts with a plain `up`: the default cluster stays as fast as before. An add-on is
 started on a running cluster (`python -m e2e.devcluster up --addons keda,gateway`, or a pytest
@@ -19,7 +20,7 @@ from e2e.devcluster.cluster import ClusterStartError, ClusterState, admin_rest, 
 from e2e.devcluster.rest import Rest, object_path
 from e2e.devcluster.waits import WaitTimeoutError, wait_until
 
-ADDON_NAMES = ("keda", "gateway")
+ADDON_NAMES = ("keda", "gateway", "lws")
 DEFAULT_ADDON_TIMEOUT = 180.0
 
 
@@ -48,6 +49,10 @@ def _starter(name: str) -> Callable[[ClusterState, float], dict[str, str]]:
         from e2e.devcluster.keda import start_keda
 
         return start_keda
+    if name == "lws":
+        from e2e.devcluster.lws import start_lws
+
+        return start_lws
     from e2e.devcluster.gateway import start_gateway
 
     return start_gateway

@@ -78,10 +78,12 @@ _CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "CustomResourceDefinition",
     "GatewayClass",
+    "MutatingWebhookConfiguration",
     "Namespace",
     "Node",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "ValidatingWebhookConfiguration",
 }
 
 

@@ -3,7 +3,7 @@
 # into $KVQ_CACHE/bin/<name>-<version>/ (default ~/.cache/kvq). A binary already there, built
 # with the same recipe (module, ldflags, Go), is not rebuilt.
 #
-# Usage: build-binaries.sh [component ...]   (default: etcd kwok kubernetes helm keda)
+# Usage: build-binaries.sh [component ...]   (default: etcd kwok kubernetes helm keda lws)
 #
 # Progress goes to stderr as `[build-binaries] ...` lines: which component, elapsed time, the
 # measured cold-build time as an estimate, and a heartbeat every $KVQ_BUILD_HEARTBEAT_S (30 s)
@@ -28,13 +28,13 @@ export CGO_ENABLED=0
 # Two cores: one package build at a time per go command keeps memory and time predictable.
 export GOMAXPROCS=${GOMAXPROCS:-2}
 build_date=2026-01-01T00:00:00Z
-default_components=(etcd kwok kubernetes helm keda)
+default_components=(etcd kwok kubernetes helm keda lws)
 
 # Cold-build wall time per component in seconds (empty cache, this project's 2-core machine;
 # e2e/README.md "Measurements"). Shown as the estimate; etcd's includes fetching Go itself.
 declare -A cold_s=([etcd]=80 [kwok]=134 [kube-apiserver]=410 [kube-controller-manager]=120
   [kube-scheduler]=10 [helm]=150 [keda]=900 [keda-adapter]=120 ["keda-crds manifests"]=5
-  [traefik]=600 ["gateway-api-crds manifests"]=5 ["inference-extension-crds manifests"]=5)
+  [lws]=240 ["lws-chart manifests"]=5 [traefik]=600 ["gateway-api-crds manifests"]=5 ["inference-extension-crds manifests"]=5)
 
 log() {
   echo "[build-binaries] $*" >&2
@@ -137,13 +137,14 @@ install_into() {
   mv "$tmp" "$dest"
 }
 
-# build_module NAME VERSION MODULE PKG LDFLAGS [PREPARE]: binary NAME from package PKG of
-# MODULE@VERSION into $bin_root/NAME-VERSION/NAME, in a wrapper module that carries MODULE's
-# own replace/exclude directives. PREPARE, a function, runs in the wrapper before the build.
+# build_module NAME VERSION MODULE PKG LDFLAGS [PREPARE [EXTRA]]: binary NAME from package PKG
+# of MODULE@VERSION into $bin_root/NAME-VERSION/NAME, in a wrapper module that carries MODULE's
+# own replace/exclude directives. PREPARE, a function, runs in the wrapper before the build;
+# EXTRA is one more line of the recipe (what PREPARE depends on beyond its own text).
 build_module() {
-  local name=$1 v=$2 module=$3 pkg=$4 ld=$5 prepare=${6:-}
+  local name=$1 v=$2 module=$3 pkg=$4 ld=$5 prepare=${6:-} extra=${7:-}
   local dest="$bin_root/$name-$v" want
-  want=$(recipe "$module@$v" "$pkg" "$ld" "${prepare:+$(declare -f "$prepare" | sha256sum | cut -c1-16)}")
+  want=$(recipe "$module@$v" "$pkg" "$ld" "${prepare:+$(declare -f "$prepare" | sha256sum | cut -c1-16)}" ${extra:+"$extra"})
   if is_built "$dest" "$want" "$name"; then return; fi
   building "$name"
   (
@@ -185,8 +186,8 @@ fetch_manifests() {
   rm -rf "$tmp"
   mkdir -p "$tmp"
   # shellcheck disable=SC2086  # the glob expands here
-  cp "$src/$dir/"$glob "$tmp/"
-  chmod u+w "$tmp"/*
+  cp -r "$src/$dir/"$glob "$tmp/"
+  chmod -R u+w "$tmp"
   echo "$want" >"$tmp/.recipe"
   rm -rf "$dest"
   mv "$tmp" "$dest"
@@ -252,6 +253,28 @@ component_keda() {
   fetch_manifests keda-crds "$v" "$m" config/crd/bases '*.yaml'
 }
 
+# LeaderWorkerSet's controller (sigs.k8s.io/lws, one binary: controllers and webhooks) and its
+# Helm chart (CRDs, webhook configurations), the multi-node add-on. Built in KEDA's module
+# graph: the wrapper also requires KEDA (with KEDA's own directives), so minimal version
+# selection picks the Kubernetes libraries KEDA was built with and nearly every package
+# comes from KEDA's build cache (about 13 s after KEDA; LWS v0.9.0 and KEDA v2.21.0 both
+# build against the Kubernetes 1.3x libraries). KEDA's version is part of the recipe.
+lws_prepare() {
+  local w=$1 directives
+  directives=$(inherit_directives "$(module_gomod github.com/kedacore/keda/v2 "$KEDA_VERSION")")
+  # shellcheck disable=SC2086  # one flag per line
+  (cd "$w" && go mod edit -require "github.com/kedacore/keda/v2@$KEDA_VERSION" $directives \
+    2>>"$log_file")
+}
+
+component_lws() {
+  local v=$LWS_VERSION m=sigs.k8s.io/lws
+  local ld="-X $m/pkg/version.GitVersion=$v -X $m/pkg/version.GitCommit=release-$v"
+  ld+=" -X $m/pkg/version.BuildDate=$build_date"
+  build_module lws "$v" "$m" "$m/cmd" "$ld" lws_prepare "keda@$KEDA_VERSION"
+  fetch_manifests lws-chart "$v" "$m" charts 'lws'
+}
+
 # Traefik v3.7 from the module proxy needs three things its module does not bring:
 # - github.com/traefik/traefik/dynamic/ext, which its go.mod replaces with its own nested
 #   ./pkg/config/dynamic/ext; a nested module is left out of the module zip, and the proxy
@@ -312,11 +335,23 @@ component_gateway() {
   local v=$TRAEFIK_VERSION m=github.com/traefik/traefik/v3
   local ld="-X $m/pkg/version.Version=$v -X $m/pkg/version.BuildDate=$build_date"
   build_module traefik "$v" "$m" "$m/cmd/traefik" "$ld" traefik_prepare
+  gateway_crds
+}
+
+gateway_crds() {
   fetch_manifests gateway-api-crds "$GATEWAY_API_VERSION" sigs.k8s.io/gateway-api \
     config/crd/standard '*.yaml'
   fetch_manifests inference-extension-crds "$INFERENCE_EXTENSION_VERSION" \
     sigs.k8s.io/gateway-api-inference-extension config/crd/bases \
     'inference.networking.k8s.io_inferencepools.yaml'
+}
+
+component_crds() {
+  # Only the CRDs of the APIs kvq renders objects of (KEDA's, the Gateway API's, the
+  # InferencePool), no controller: a cluster that serves them, for tests that compare what
+  # kvq applies (a module download each, seconds; no build).
+  fetch_manifests keda-crds "$KEDA_VERSION" github.com/kedacore/keda/v2 config/crd/bases '*.yaml'
+  gateway_crds
 }
 
 component_helm() {
@@ -375,6 +410,8 @@ version_of() {
     helm) echo "$HELM_VERSION" ;;
     keda) echo "$KEDA_VERSION" ;;
     gateway) echo "$TRAEFIK_VERSION" ;;
+    crds) echo "keda $KEDA_VERSION, gateway-api $GATEWAY_API_VERSION" ;;
+    lws) echo "$LWS_VERSION" ;;
   esac
 }
 
@@ -382,7 +419,7 @@ components=("$@")
 [ ${#components[@]} -gt 0 ] || components=("${default_components[@]}")
 for c in "${components[@]}"; do
   if ! declare -F "component_$c" >/dev/null; then
-    echo "[build-binaries] error: unknown component '$c' (known: ${default_components[*]} gateway)" >&2
+    echo "[build-binaries] error: unknown component '$c' (known: ${default_components[*]} gateway crds)" >&2
     exit 2
   fi
 done

@@ -1,0 +1,137 @@
+"""A replica over several nodes as a `leaderworkerset.x-k8s.io/v1` LeaderWorkerSet.
+
+Built from the single-node render (the Deployment and its Service), so every pod of a group
+keeps what a single-node pod has: the failure-evidence wrapper around the engine command,
+the model source and cache volumes, /dev/shm, tolerations and node selector. What changes:
+
+- One group per replica, `size` = the layout's nodes; each pod takes the node's GPUs
+  (tensor x pipeline / nodes).
+- vLLM's own multiprocessing launch across nodes (vLLM 0.26.0, vllm/engine/arg_utils.py:
+  `--nnodes`, `--node-rank`, `--master-addr`; `--headless` for the ranks that serve no API,
+  vllm/entrypoints/cli/serve.py `run_headless`). It exists from vLLM 0.12; older versions
+  only launch across nodes with Ray, which kvq does not render.
+- The addresses come from LeaderWorkerSet's pod webhook: `LWS_LEADER_ADDRESS` (the
+  leader's stable DNS name) and `LWS_WORKER_INDEX` in every container's environment, which
+  Kubernetes substitutes for `$(VAR)` in the command.
+- Workers serve no HTTP, so they carry no HTTP probes; the leader keeps them.
+- The Service selects the leader only (worker index 0): the OpenAI endpoint is the leader's.
+- A rank lost breaks the whole NCCL world: the group is recreated when any pod restarts.
+
+Not yet wired into the operator: the API refuses a replica larger than one node (issue 24).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kvq.planner.layout import Layout
+
+API_VERSION = "leaderworkerset.x-k8s.io/v1"
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+# vLLM's first version with --nnodes/--node-rank/--master-addr for its multiprocessing backend.
+MULTINODE_MP_SINCE = (0, 12)
+GPU = "nvidia.com/gpu"
+
+
+class LeaderWorkerSetError(ValueError):
+    """A layout this engine version cannot launch across nodes."""
+
+
+def group_name(workload: str) -> str:
+    # The LeaderWorkerSet cannot share the workload's name (its leader StatefulSet and
+    # headless Service take the LWS's name); "-group" keeps them apart.
+    return f"{workload}-group"
+
+
+def leader_worker_set(
+    deployment: dict[str, Any], layout: Layout, nodes: int, engine_version: str
+) -> dict[str, Any]:
+    """The Deployment's replicas as groups of `nodes` pods running one engine each."""
+    if _version(engine_version) < MULTINODE_MP_SINCE:
+        raise LeaderWorkerSetError(
+            f"vLLM {engine_version} launches across nodes only with Ray; kvq renders vLLM's"
+            " own multi-node launch (--nnodes, --node-rank), vLLM 0.12 or later"
+        )
+    if nodes < 2 or layout.gpus % nodes:
+        raise LeaderWorkerSetError(f"{layout.gpus} GPUs do not split over {nodes} nodes")
+    template = deployment["spec"]["template"]
+    group = {"--nnodes": str(nodes), "--master-addr": "$(LWS_LEADER_ADDRESS)"}
+    leader = _pod(template, layout, nodes, {**group, "--node-rank": "0"}, headless=False)
+    worker = _pod(
+        template, layout, nodes, {**group, "--node-rank": "$(LWS_WORKER_INDEX)"}, headless=True
+    )
+    meta = deployment["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": {**meta, "name": group_name(meta["name"])},
+        "spec": {
+            "replicas": deployment["spec"]["replicas"],
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }
+
+
+def leader_service(service: dict[str, Any]) -> dict[str, Any]:
+    """The Service of the OpenAI endpoint, selecting each group's leader only."""
+    found = copy.deepcopy(service)
+    found["spec"]["selector"] = {**found["spec"]["selector"], WORKER_INDEX_LABEL: "0"}
+    return found
+
+
+def _pod(
+    template: dict[str, Any], layout: Layout, nodes: int, flags: dict[str, str], headless: bool
+) -> dict[str, Any]:
+    pod = copy.deepcopy(template)
+    engine = pod["spec"]["containers"][0]
+    command = _with_flags(
+        engine["command"],
+        {
+            "--tensor-parallel-size": str(layout.tensor),
+            "--pipeline-parallel-size": str(layout.pipeline),
+            **flags,
+        },
+    )
+    engine["command"] = [*command, "--headless"] if headless else command
+    per_pod = str(layout.gpus // nodes)
+    for kind in ("requests", "limits"):
+        if GPU in engine.get("resources", {}).get(kind, {}):
+            engine["resources"][kind][GPU] = per_pod
+    if headless:
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            engine.pop(probe, None)
+        engine.pop("ports", None)
+    return dict(pod)
+
+
+def _with_flags(command: list[str], flags: dict[str, str]) -> list[str]:
+    """The command with each flag's value replaced (`--f v` or `--f=v`), or appended."""
+    out: list[str] = []
+    skip = False
+    for arg in command:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in flags:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    for flag, value in flags.items():
+        out += [flag, value]
+    return out
+
+
+def _version(text: str) -> tuple[int, int]:
+    parts = text.lstrip("v").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        raise LeaderWorkerSetError(f"engine version {text!r} is not MAJOR.MINOR[.PATCH]") from None
