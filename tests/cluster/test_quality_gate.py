@@ -181,3 +181,31 @@ def test_an_unanswered_probe_is_unknown_and_moves_nothing(
     status = status_of(kube, namespace, name)
     assert status["effective"]["kvCacheDtype"] == "fp8"
     assert status["fallback"]["attempts"] == []
+
+
+def test_a_known_fp8_accuracy_problem_warns_in_status_and_still_serves(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    name = "gate-qwen2"
+    body = gated(name, "completed", report("Pass", 0.95))
+    body["spec"]["model"] = {"uri": "hf://Qwen/Qwen2.5-7B-Instruct"}
+    create_isvc(kube, namespace, body)
+    wait_until(
+        lambda: (
+            condition(kube, namespace, name, "KnownAccuracyRisk") == ("True", "ReportedRegression")
+            and condition(kube, namespace, name, "QualityVerified") == ("True", "Passed")
+        ),
+        what="KnownAccuracyRisk=True beside the probe's verdict",
+        timeout=120,
+        describe=operator.log_tail,
+    )
+    status = status_of(kube, namespace, name)
+    # The API server kept the field (the CRD's schema has it), with the fact's source.
+    (risk,) = status["knownAccuracyRisks"]
+    assert risk["id"] == "qwen2-fp8-unit-scales"
+    assert "https://github.com/vllm-project/vllm/pull/11906" in risk["sources"]
+    # A warning only: fp8 is served as asked and nothing moved on the ladder.
+    assert status["effective"]["kvCacheDtype"] == "fp8"
+    assert status["fallback"]["attempts"] == []
+    assert condition(kube, namespace, name, "Ready")[0] == "True"
+    assert "KnownAccuracyRisk" in reasons(kube, namespace, name)

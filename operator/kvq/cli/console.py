@@ -15,7 +15,8 @@ err = Console(stderr=True)
 
 
 def fail(message: str) -> NoReturn:
-    err.print(f"[red]error:[/] {message}", highlight=False)
+    # Not wrapped at the terminal width: a message is copied, grepped and tested whole.
+    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

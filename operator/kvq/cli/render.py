@@ -1,60 +1,100 @@
-"""`kvq render`: the manifests kvq would apply for an InferenceService on a pool."""
+"""`kvq render`: the objects the operator applies for an InferenceService on a fleet."""
 
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from kvq.cli.console import dump_yaml, fail, load_documents
+from kvq.cli.console import dump_yaml, err, fail
+from kvq.cli.fleet import (
+    ClusterOptions,
+    FleetOptions,
+    GpusPerNode,
+    NodeCount,
+    Nodes,
+    Pods,
+    Pool,
+    PoolLabel,
+    PoolName,
+    previews,
+)
+from kvq.decide.types import DEFAULT_OPERATOR_IMAGE
 
 
 def render(
     file: Annotated[str, typer.Option("-f", "--filename", help="InferenceService YAML, or -")],
-    pool: Annotated[str, typer.Option(help="GPU product of the target pool, e.g. H100")],
-    gpus_per_node: Annotated[int, typer.Option(min=1, max=16)] = 8,
+    pool: Pool = None,
+    pool_name: PoolName = None,
+    gpus_per_node: GpusPerNode = 8,
+    node_count: NodeCount = 1,
+    nodes: Nodes = None,
+    pods: Pods = None,
+    pool_label: PoolLabel = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option("--namespace", "-n", help="Namespace of a service whose file names none"),
+    ] = None,
     engine_version: Annotated[str | None, typer.Option(help="Override spec.engine.version")] = None,
-    rung: Annotated[str, typer.Option(help="requested, auto or awq")] = "requested",
+    rung: Annotated[
+        str | None,
+        typer.Option(
+            help="requested, auto or awq: what the operator applies once the engine has "
+            "refused the other rungs (default: the rung it starts with)"
+        ),
+    ] = None,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option(
+            help="The Prometheus the operator is given (kvq run --autoscaling-prometheus-url "
+            "or --prometheus-url): without one it applies no ScaledObject"
+        ),
+    ] = None,
+    autoscaling_authentication: Annotated[
+        str | None, typer.Option(help="As kvq run's --autoscaling-authentication")
+    ] = None,
+    operator_image: Annotated[
+        str, typer.Option(help="As kvq run's --operator-image")
+    ] = DEFAULT_OPERATOR_IMAGE,
+    keda: Annotated[bool, typer.Option(help="The cluster serves KEDA's ScaledObject")] = True,
+    gateway_api: Annotated[
+        bool, typer.Option(help="The cluster serves the Gateway API's HTTPRoute")
+    ] = True,
+    inference_pool: Annotated[
+        bool, typer.Option(help="The cluster serves the Inference Extension's InferencePool")
+    ] = True,
 ) -> None:
-    """Print the manifests kvq would apply for an InferenceService on a pool (for GitOps)."""
-    from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
-    from kvq.catalog.engines import load_engine_catalog
-    from kvq.catalog.gpus import load_gpu_catalog
-    from kvq.catalog.models import load_model_catalog
-    from kvq.placement.pool import pool_for_gpu
-    from kvq.planner.architecture import UnknownModelError, resolve_architecture
-    from kvq.render import RenderError, effective_settings, render_manifests
+    """Print the objects the operator applies for an InferenceService on a pool (for GitOps).
 
-    gpu_model = load_gpu_catalog().lookup(pool)
-    if gpu_model is None:
-        fail(f"unknown GPU {pool!r}: see the products in kvq/catalog/gpus.yaml")
-    if rung not in ("requested", "auto", "awq"):
-        fail("--rung must be requested, auto or awq")
-    documents = []
-    for doc in load_documents(file):
-        if doc.get("kind") != "InferenceService":
-            continue
-        if engine_version is not None:
-            doc.setdefault("spec", {}).setdefault("engine", {})["version"] = engine_version
-        try:
-            isvc = parse_inference_service(doc)
-            try:  # the model's size derives memory, the cache's size and the start-up budget
-                arch = resolve_architecture(isvc.spec.model, load_model_catalog())
-            except UnknownModelError:
-                arch = None
-            settings = effective_settings(
-                isvc,
-                gpu_model,
-                rung,  # type: ignore[arg-type]
-                engines=load_engine_catalog(),
-                arch=arch,
+    The operator's own decision (placement, fallback ladder, tiers, routing, autoscaling,
+    rollout), made on the fleet given; ownerReferences are left out. The decision and
+    anything the spec asks for that is not applied go to stderr.
+    """
+    documents: list[dict[str, Any]] = []
+    fleet = FleetOptions(
+        pool, pool_name, gpus_per_node, node_count, nodes, pods, tuple(pool_label or ())
+    )
+    cluster = ClusterOptions(
+        prometheus_url,
+        autoscaling_authentication,
+        operator_image,
+        keda,
+        gateway_api,
+        inference_pool,
+        rung,
+    )
+    for _, found, invalid in previews(
+        file, fleet, cluster, namespace=namespace, engine_version=engine_version
+    ):
+        if found is None:
+            fail(str(invalid))
+        if found.refusal is not None:
+            fail(f"{found.name}: {found.refusal}")
+        err.print(f"{found.name}: {found.decision}", highlight=False, soft_wrap=True)
+        for warning in ([found.stalled] if found.stalled else []) + list(found.warnings):
+            err.print(
+                f"[yellow]warning:[/] {found.name}: {warning}", highlight=False, soft_wrap=True
             )
-            documents += render_manifests(isvc, pool_for_gpu(gpu_model, gpus_per_node), settings)
-        except InvalidInferenceServiceError as error:
-            fail(str(error))
-        except RenderError as error:
-            # The engine refuses the KV dtype on this GPU: a fallback rung may render.
-            hint = " (try --rung auto or --rung awq)" if "kvCache.dtype" in str(error) else ""
-            fail(f"{isvc.metadata.name}: {error}{hint}")
+        documents += found.objects
     sys.stdout.write(dump_yaml(documents))

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from kvq.cli.console import fail
+from kvq.decide.types import DEFAULT_OPERATOR_IMAGE
 
 
 def run(
@@ -100,7 +101,7 @@ def run(
             help="kvq's own image: the model download (kvq fetch) and quality probes "
             "(kvq probe) run it"
         ),
-    ] = "kvq/operator:0.1.0",
+    ] = DEFAULT_OPERATOR_IMAGE,
     autoscaling_authentication: Annotated[
         str | None,
         typer.Option(

@@ -29,6 +29,9 @@ from kvq.api.status import (
     PlacementStatus,
 )
 from kvq.api.tiers import TierSpec
+from kvq.catalog.fp8_accuracy import AccuracyFact
+from kvq.decide.accuracy import CONDITION as ACCURACY_CONDITION
+from kvq.decide.accuracy import risk_condition, risk_status
 from kvq.decide.autoscale import Autoscaled, signals_from
 from kvq.decide.conditions import ConditionUpdate, merge_conditions
 from kvq.decide.manifests import Rendered
@@ -38,6 +41,7 @@ from kvq.decide.quality import QualityGate
 from kvq.decide.types import Snapshot
 from kvq.fallback.classifier import Action, Classification
 from kvq.fallback.ladder import NONE, Rung, rfc3339
+from kvq.planner.capacity import CapacityPlan
 from kvq.planner.host_tier import HostTierPlan
 from kvq.render.manifests import selector_for
 
@@ -79,6 +83,9 @@ class Decision:
     """The extra tier this decision is about (None: the default tier)."""
     quality: QualityGate | None = None
     """The quality gate's verdict (with spec.quality)."""
+    accuracy_risks: tuple[AccuracyFact, ...] | None = None
+    """Known FP8 accuracy problems of the rendered rung (None: nothing rendered, keep the
+    stored ones)."""
 
 
 def build_status(
@@ -118,6 +125,14 @@ def build_status(
         autoscaling = decision.autoscaled.status.model_copy(
             update={"signals": signals_from(metrics)}
         )
+    risks = previous.known_accuracy_risks
+    judged = decision.accuracy_risks is not None and rendered is not None
+    if decision.accuracy_risks is not None and rendered is not None:
+        risks = risk_status(decision.accuracy_risks)
+        if decision.accuracy_risks:
+            updates.append(
+                risk_condition(decision.accuracy_risks, rendered.effective.engine_version)
+            )
     placement = previous.placement
     if chosen is not None:
         placement = PlacementStatus.model_validate(
@@ -130,9 +145,15 @@ def build_status(
         )
     return InferenceServiceStatus(
         observed_generation=generation,
-        conditions=merge_conditions(
-            previous.conditions, updates, generation=generation, now=rfc3339(snap.now)
-        ),
+        conditions=[
+            c
+            for c in merge_conditions(
+                previous.conditions, updates, generation=generation, now=rfc3339(snap.now)
+            )
+            # The condition goes with the last matching fact (a new rung, engine or pool);
+            # a decision that rendered nothing keeps what the last one said.
+            if c.type != ACCURACY_CONDITION or risks or not judged
+        ],
         effective=effective,
         placement=placement,
         capacity=capacity,
@@ -147,6 +168,7 @@ def build_status(
         metrics=metrics,
         autoscaling=autoscaling,
         quality=quality,
+        known_accuracy_risks=risks,
         replicas=replicas,
         ready_replicas=ready_replicas,
         selector=",".join(
@@ -338,6 +360,11 @@ def _effective(rendered: Rendered, decision: Decision) -> EffectiveStatus:
     )
 
 
+def _kv_layout(plan: CapacityPlan) -> str:
+    padding = f", {plan.padding_layers} padding layers" if plan.padding_layers else ""
+    return f"{plan.kv_layout}{padding}"
+
+
 def _capacity(decision: Decision) -> CapacityStatus:
     assert decision.placement is not None and decision.placement.choice.chosen is not None
     plan = decision.placement.choice.chosen.plan
@@ -349,6 +376,7 @@ def _capacity(decision: Decision) -> CapacityStatus:
         kv_bytes_per_token=plan.kv_bytes_per_token,
         kv_tokens=plan.kv_tokens,
         max_concurrent_sequences=round(plan.max_concurrency, 2),
+        kv_layout=_kv_layout(plan) if plan.kv_cache_groups > 1 else None,
         ratio_vs_auto=round(plan.ratio_vs_auto, 3),
         max_model_len=plan.max_model_len,
         gpu_tier=GpuTierStatus(

@@ -18,6 +18,7 @@ _MOVE_REASONS = {
     "Capacity": "FallbackStatic",
     "Retry": "FallbackRetry",
     "Recovered": "FallbackRecovered",
+    "Cleared": "FallbackCleared",
 }
 
 
@@ -56,6 +57,8 @@ def decision_events(
             events.append(EventSpec("Normal", "QualityPassed", message))
         elif now.type == "QualityVerified" and now.status == "False":
             events.append(EventSpec("Warning", "QualityRegression", message))
+        elif now.type == "KnownAccuracyRisk" and now.status == "True":
+            events.append(EventSpec("Warning", "KnownAccuracyRisk", message))
     old_ignored = previous.effective.ignored if previous.effective else []
     new_ignored = status.effective.ignored if status.effective else []
     for ignored in new_ignored:

@@ -16,6 +16,7 @@ from kvq.catalog.models import ModelArchitecture
 from kvq.fallback.ladder import Rung, RungState
 from kvq.placement.choice import PoolChoice, PoolRequest, choose_pool
 from kvq.placement.discovery import Inventory
+from kvq.planner.kv_layout import kv_manager_flags
 from kvq.planner.weights import WeightFormat
 from kvq.render.pod import host_tier_bytes, memory_request_bytes
 from kvq.render.settings import (
@@ -62,6 +63,7 @@ def place_rungs(
         rungs.append((Rung.AWQ, "auto", "awq"))
     image, version = engine_image_and_version(isvc)
     tier = host_tier_of(isvc, capability, image)
+    manager = kv_manager_flags(spec.engine.extra_args)
     placements: dict[Rung, RungPlacement] = {}
     for rung, dtype, weights in rungs:
         # The pod's host memory (weights, /dev/shm, the CPU tier): a node must hold it.
@@ -96,6 +98,8 @@ def place_rungs(
             unschedulable=unschedulable or "",
             memory_bytes=memory_request_bytes(isvc, sized),
             host_tier_bytes=host_tier_bytes(isvc, sized),
+            hybrid_kv_cache_manager=manager.hybrid_manager,
+            kv_cache_dtype_skip_layers=manager.skip_layers,
         )
         choice = choose_pool(request, inventory, capability, arch)
         placements[rung] = RungPlacement(rung, dtype, choice, _state(rung, choice))

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from kvq.api.resource import InferenceService
 from kvq.catalog.engines import EngineCatalog
+from kvq.catalog.fp8_accuracy import AccuracyFact, load_accuracy_facts
 from kvq.catalog.gpus import GpuCatalog
 from kvq.catalog.models import ModelCatalog
 from kvq.decide.metrics import EngineReading
@@ -27,6 +28,8 @@ class Catalogs:
     gpus: GpuCatalog
     engines: EngineCatalog
     models: ModelCatalog
+    accuracy: tuple[AccuracyFact, ...] = field(default_factory=load_accuracy_facts)
+    """Known FP8 accuracy problems (fp8_accuracy.yaml): warnings in status, never refusals."""
 
 
 @dataclass(frozen=True)
