@@ -547,6 +547,61 @@ _SECRET_KEYS = st.one_of(
 _BAD_SECRET_KEYS = st.sampled_from([".", "..", "..data", "a/b", "a key", "ключ"])
 
 
+_STATES = st.sampled_from(
+    [
+        {"kind": "mamba1", "intermediateSize": 8192, "stateSize": 16},
+        {
+            "kind": "mamba2",
+            "intermediateSize": 8192,
+            "stateSize": 128,
+            "numHeads": 128,
+            "headDim": 64,
+            "nGroups": 8,
+        },
+        {
+            "kind": "gated_delta_net",
+            "numKHeads": 16,
+            "numVHeads": 32,
+            "headKDim": 128,
+            "headVDim": 128,
+        },
+    ]
+)
+
+
+@st.composite
+def _hybrid_layers(draw: st.DrawFn, layers: int) -> dict[str, Any]:
+    """layerTypes of a hybrid model (sliding windows, chunks, recurrent state) and the
+    fields each type needs."""
+    kinds = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    "full_attention",
+                    "sliding_attention",
+                    "chunked_attention",
+                    "linear_attention",
+                    "mamba",
+                    "mlp",
+                ]
+            ),
+            min_size=1,
+            max_size=3,
+            unique=True,
+        )
+    )
+    out: dict[str, Any] = {"layerTypes": [kinds[i % len(kinds)] for i in range(layers)]}
+    if "sliding_attention" in kinds:
+        out["slidingWindow"] = draw(st.sampled_from([128, 512, 1024, 4096]))
+        if draw(st.booleans()):
+            out["layerWindows"] = [draw(st.sampled_from([0, 1024])) for _ in range(layers)]
+    if "chunked_attention" in kinds:
+        out["attentionChunkSize"] = 8192
+    if "mamba" in kinds or "linear_attention" in kinds:
+        out["state"] = draw(_STATES)
+    return out
+
+
 @st.composite
 def _architectures(draw: st.DrawFn) -> dict[str, Any]:
     """Architectures that satisfy ArchitectureSpec's rules (the generic walk rarely does)."""
@@ -563,6 +618,13 @@ def _architectures(draw: st.DrawFn) -> dict[str, Any]:
     else:
         arch["kvLoraRank"] = draw(st.sampled_from([256, 512]))
         arch["ropeHeadDim"] = 64
+    if attention == "gqa" and draw(st.integers(0, 3)) == 0:
+        arch.update(draw(_hybrid_layers(arch["numLayers"])))
+    if draw(st.integers(0, 3)) == 0:
+        experts = draw(st.integers(1, 256))
+        arch["numExperts"] = experts
+        arch["numExpertsPerTok"] = draw(st.integers(1, min(experts, 16)))
+        arch["moeIntermediateSize"] = draw(st.sampled_from([768, 1408, 2048]))
     if draw(st.booleans()):
         arch["numParams"] = draw(st.integers(10**6, 10**12))
     else:
@@ -572,6 +634,8 @@ def _architectures(draw: st.DrawFn) -> dict[str, Any]:
     return arch
 
 
+# A valid attention and weight size, for the entries below that break one other rule.
+_GQA = {"numKvHeads": 8, "headDim": 128, "numParams": 8_000_000_000}
 _BAD_ARCHITECTURES = st.sampled_from(
     [
         # gqa without headDim, heads not a multiple, no weight size: three rules at once.
@@ -584,6 +648,23 @@ _BAD_ARCHITECTURES = st.sampled_from(
         {"numLayers": 32, "numKvHeads": 8, "headDim": 128},
         {"numLayers": 32, "numKvHeads": 8, "headDim": 128, "hiddenSize": 4096},
         {"numLayers": 32, "numAttentionHeads": 32, "numKvHeads": 3, "headDim": 128, "numParams": 9},
+        # The layer-type rules, one broken per entry (the rest of each entry is valid).
+        {**_GQA, "numLayers": 2, "layerTypes": ["full_attention"]},
+        {**_GQA, "numLayers": 2, "layerWindows": [0, 512, 0]},
+        {**_GQA, "numLayers": 2, "layerTypes": ["sliding_attention", "full_attention"]},
+        {**_GQA, "numLayers": 2, "layerTypes": ["chunked_attention", "full_attention"]},
+        {**_GQA, "numLayers": 2, "layerTypes": ["mamba", "full_attention"]},
+        {**_GQA, "numLayers": 2, "layerTypes": ["linear_attention", "full_attention"]},
+        {**_GQA, "numLayers": 2, "numExpertsPerTok": 8},
+        {**_GQA, "numLayers": 2, "numExperts": 4, "numExpertsPerTok": 8},
+        {**_GQA, "numLayers": 2, "layerTypes": ["mamba", "mlp"], "state": {"kind": "mamba1"}},
+        {**_GQA, "numLayers": 2, "layerTypes": ["mamba", "mlp"], "state": {"kind": "mamba2"}},
+        {
+            **_GQA,
+            "numLayers": 2,
+            "layerTypes": ["linear_attention", "full_attention"],
+            "state": {"kind": "gated_delta_net", "numKHeads": 16},
+        },
     ]
 )
 
@@ -633,12 +714,14 @@ class Hint:
     Plausible documents draw the hint three times in four and the generic values of the
     field's shape otherwise; `exclusive` hints always (generic values, mostly invalid there,
     come as a mutation); `only_while` a gap is excluded, nothing but the hint is drawn.
+    `rules`: how many CEL rules the mistakes break; the field is mutated in proportion.
     """
 
     valid: st.SearchStrategy[Any] | None = None
     invalid: st.SearchStrategy[Any] | None = None
     only_while: str | None = None
     exclusive: bool = False
+    rules: int = 1
 
 
 def _hints() -> dict[tuple[type[BaseModel], str], Hint]:
@@ -659,7 +742,9 @@ def _hints() -> dict[tuple[type[BaseModel], str], Hint]:
         (ModelSpec, "uri"): Hint(_URIS, _BAD_URIS),
         (AwqSpec, "uri"): Hint(_URIS, _BAD_URIS),
         (ModelSpec, "revision"): Hint(st.sampled_from(["main", "v1.0", "0" * 40])),
-        (ModelSpec, "architecture"): Hint(_architectures(), _BAD_ARCHITECTURES, exclusive=True),
+        (ModelSpec, "architecture"): Hint(
+            _architectures(), _BAD_ARCHITECTURES, exclusive=True, rules=4
+        ),
         (EngineSpec, "image"): Hint(_IMAGES),
         (EngineSpec, "version"): Hint(_VERSIONS, _BAD_VERSIONS),
         (EngineSpec, "extra_args"): Hint(st.lists(_ARGS, max_size=4), bad_args.map(lambda a: [a])),
@@ -678,6 +763,7 @@ def _hints() -> dict[tuple[type[BaseModel], str], Hint]:
             # All of them (each item's rules are reported), or one.
             st.lists(_tolerations(), max_size=3),
             st.sampled_from([_BAD_TOLERATIONS, *([t] for t in _BAD_TOLERATIONS)]),
+            rules=2,
         ),
         (PlacementSpec, "node_selector"): Hint(_LABELS, _BAD_LABELS),
         (TierSpec, "name"): Hint(invalid=st.sampled_from(["default", "Fast", "a_b", "-x"])),
@@ -806,25 +892,34 @@ class DocumentStrategies:
         return hint is not None and hint.only_while is not None and hint.only_while in self.excluded
 
     def mutate(self, draw: st.DrawFn, doc: dict[str, Any]) -> dict[str, Any]:
-        """`doc` with one mutation at a drawn place (a copy).
+        """`doc` mutated at drawn places (a copy).
 
-        Two mutations in three break one field's own rule (a bound, a length, a pattern, an
-        enum, its CEL rule or a hint's realistic mistake), the field drawn among all the
-        API's fields (its parent objects are drawn when the document lacks them), so every
+        Two mutations in three break one to three fields' own rules (a bound, a length, a
+        pattern, an enum, its CEL rule or a hint's realistic mistake), each field drawn among
+        all the API's fields (its parent objects are drawn when the document lacks them), so every
         rule is broken many times in a run; the others are any mutation anywhere in the
         document (a wrong type, null, an unknown field, a drop, a redraw that may break a
         cross-field rule)."""
         doc = copy.deepcopy(doc)
         if draw(st.sampled_from((True, True, False))):
-            parents, model, name = draw(st.sampled_from(self._breakable()))
-            target = self._make_path(draw, doc, parents)
-            if target is not None:
+            # Up to three fields broken at once: every rule is reached in a run of a few
+            # thousand documents, however many fields the API grows (each error is counted).
+            broken = 0
+            for _ in range(draw(st.integers(1, 3))):
+                parents, model, name = draw(st.sampled_from(self._breakable()))
+                target = self._make_path(draw, doc, parents)
+                if target is None:
+                    continue
                 breakers = self._breakers(model, name)
                 # A hint's realistic mistakes break the CEL rules; a bare bound is one value.
                 kind = draw(
                     st.sampled_from(sorted([*breakers, *breakers.keys() & {"hint-invalid"}]))
                 )
-                target[fields_of(model)[name][0]] = draw(breakers[kind])
+                # A copy: sampled_from hands out its own objects, and a later break in this
+                # document may write inside this value (hypothesis replays must see the same).
+                target[fields_of(model)[name][0]] = copy.deepcopy(draw(breakers[kind]))
+                broken += 1
+            if broken:
                 return doc
         sites = list(self._sites(InferenceService, doc, ()))
         path, model, name = draw(st.sampled_from(sites))
@@ -869,7 +964,7 @@ class DocumentStrategies:
     def _weight(self, model: type[BaseModel], name: str) -> int:
         hint = self.hints.get((model, name))
         if hint is not None and hint.invalid is not None:
-            return 12
+            return 12 * hint.rules
         return 6 if fields_of(model)[name][1].checks else 1
 
     def _make_path(
@@ -880,7 +975,7 @@ class DocumentStrategies:
         target: Any = doc
         for wire, model in parents:
             if wire not in target:
-                target[wire] = draw(self.model_values(model))
+                target[wire] = copy.deepcopy(draw(self.model_values(model)))
             target = target[wire]
             if not isinstance(target, dict):
                 return None
@@ -1134,4 +1229,6 @@ def _documents(draw: st.DrawFn, strategies: DocumentStrategies) -> dict[str, Any
     # sampled_from draws evenly; a bounded integer here would mostly be drawn small.
     for _ in range(draw(st.sampled_from((0, 0, 1, 1, 2, 2)))):
         doc = strategies.mutate(draw, doc)
-    return doc
+    # The caller's own: values drawn by sampled_from are shared with every later draw, and a
+    # test that edits its document (a namespace) must not change what hypothesis draws next.
+    return copy.deepcopy(doc)

@@ -41,14 +41,17 @@ DEFAULT_OUT = HERE / ".bundle"
 BUNDLE_NAME = f"kvq-gpu-bundle-vllm-{VLLM_VERSION}"
 
 # Requirements of vllm 0.26.0 left out on purpose, with why (none is imported on the
-# paths the tier runs: the OpenAI server, dense decoder models, FlashAttention 3 / Triton).
+# paths the tier runs: the OpenAI server, dense, MoE, MLA, sliding-window and Gated
+# DeltaNet decoders on Hopper with FlashAttention 3, FlashMLA and Triton).
 SKIPPED: dict[str, str] = {
     "flashinfer-python": "FlashInfer is not carried; VLLM_USE_FLASHINFER_SAMPLER=0 keeps the "
     "sampler off it and Hopper's attention backends are FlashAttention 3 and Triton",
     "tilelang": "TileLang kernels (sparse/MLA attention paths) are imported lazily",
     "nvidia-cutlass-dsl": "CuTe DSL kernels: vLLM logs 'cuteDSL not available' and goes on",
     "quack-kernels": "needs nvidia-cutlass-dsl; used by Blackwell paths only",
-    "tokenspeed-mla": "MLA kernels; the tier runs no MLA model",
+    "tokenspeed-mla": "MLA kernels of a Blackwell-only backend (TOKENSPEED_MLA: "
+    "platforms/cuda.py lists it for SM10x only); Hopper's MLA backends are FlashAttention 3 "
+    "(FLASH_ATTN_MLA), FlashMLA and Triton",
     "humming-kernels": "weight-quantized GEMMs; the tier runs bf16 weights",
     "torchcodec": "video decoding for multimodal inputs",
     "pynvvideocodec": "video decoding for multimodal inputs",
@@ -61,9 +64,6 @@ SKIPPED: dict[str, str] = {
 STRIPPED: dict[str, str] = {
     r"vllm/vllm_flash_attn/_vllm_fa2_C\.abi3\.so": "FlashAttention 2 kernels: on Hopper vLLM "
     "picks FlashAttention 3 (its import is optional: FA2_AVAILABLE becomes False)",
-    r"vllm/_moe_C_stable_libtorch\.abi3\.so": "fused-MoE kernels (imported under "
-    "contextlib.suppress(ImportError)); the tier's shapes are dense",
-    r"vllm/_flashmla_C\.abi3\.so": "FlashMLA kernels (optional import); no MLA model is run",
     r"vllm/vllm-rs": "the Rust frontend binary, used only with VLLM_USE_RUST_FRONTEND=1",
     r"vllm/third_party/deep_gemm/_C\.cpython-3(?:10|11|13|14)-x86_64-linux-gnu\.so": "DeepGEMM "
     "builds for other Python versions (the device runs 3.12)",

@@ -527,3 +527,90 @@ def test_warnings_are_not_causes() -> None:
     result = classify_failure(evidence, kv_cache_dtype="fp8")
     assert result.kind is FailureKind.DTYPE_SUSPECT
     assert "exit code 1" in result.reason
+
+
+# --- model-config errors: told by where they were raised (issue 21) ---------------------
+
+VLLM = Path(__file__).parents[1] / "fixtures" / "vllm"
+# vLLM 0.26.0 on DeepSeek-V2-Lite without n_group/topk_group, as kvq's evidence wrapper writes
+# it: the message is router_factory.py's own; the frames are the call chain of the wheel
+# (deepseek_v2.py 1250 DeepseekV2DecoderLayer.__init__ -> 362 DeepseekV2MoE.__init__ ->
+# fused_moe/layer.py 283 FusedMoE -> router_factory.py 142).
+DEEPSEEK_V2_026 = """engine exited with code 1
+error lines, most specific first:
+ValueError: num_expert_group and topk_group must be provided when use_grouped_topk is True
+  File "vllm/model_executor/models/deepseek_v2.py", line 1250, in __init__
+  File "vllm/model_executor/models/deepseek_v2.py", line 362, in __init__
+  File "vllm/model_executor/layers/fused_moe/layer.py", line 283, in FusedMoE
+  File "vllm/model_executor/layers/fused_moe/router/router_factory.py", line 142, in \
+create_fused_moe_router
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"""
+
+
+def _fixture(name: str) -> str:
+    return (VLLM / name).read_text()
+
+
+_GELU = "cpu-v0.32.0-tiny-llama-gelu-fp8-config-error"
+_HEADS = "cpu-v0.32.0-tiny-llama-heads-fp8-config-error"
+_LAYER_TYPES = "cpu-v0.32.0-tiny-gemma3-layer-types-fp8-config-error"
+_TM = ".termination-message.txt"
+_NO_FRAMES = DEEPSEEK_V2_026.split("\n  File", maxsplit=1)[0]
+_IN_ATTENTION = DEEPSEEK_V2_026.replace("fused_moe/layer.py", "attention/attention.py")
+_NAMES_CACHE = DEEPSEEK_V2_026.replace("use_grouped_topk is True", "the fp8 kv cache is used")
+_M, _S = "ModelConfigError", "DtypeSuspect"
+
+
+@pytest.mark.parametrize(
+    ("text", "dtype", "kind", "names"),
+    [
+        # built the model class: the worker's traceback runs through llama.py __init__
+        pytest.param(_fixture(_GELU + ".log"), "fp8", _M, "gelu", id="gelu-log"),
+        pytest.param(_fixture(_GELU + _TM), "fp8", _M, "gelu", id="gelu-wrapper"),
+        pytest.param(_fixture(_GELU + _TM), "auto", _M, "gelu", id="gelu-wrapper-auto"),
+        # built the config: transformers' configuration classes
+        pytest.param(_fixture(_HEADS + ".log"), "fp8", _M, "size (320)", id="heads-log"),
+        pytest.param(_fixture(_HEADS + _TM), "int8", _M, "size (320)", id="heads-wrapper"),
+        pytest.param(_fixture(_LAYER_TYPES + ".log"), "fp8_e5m2", _M, "layer_types", id="lt-log"),
+        pytest.param(_fixture(_LAYER_TYPES + _TM), "fp8", _M, "layer_types", id="lt-wrapper"),
+        pytest.param(DEEPSEEK_V2_026, "fp8", _M, "topk_group must", id="deepseek-v2-0.26"),
+        # the same words without frames (the wrapper before frames): nothing says where
+        pytest.param(_fixture(_GELU + ".old-wrapper" + _TM), "fp8", _S, "gelu", id="gelu-bare"),
+        pytest.param(_NO_FRAMES, "fp8", _S, "topk_group must", id="deepseek-bare"),
+        # raised while building an attention layer inside the model: may be the dtype's
+        pytest.param(_IN_ATTENTION, "fp8", _S, "topk_group must", id="attention-frame"),
+        # the message names the KV cache: not a model-config error
+        pytest.param(_NAMES_CACHE, "fp8", _S, "kv cache", id="names-kv-cache"),
+        # a crash in the model's forward, not its construction (the H200 fp8_e5m2 crash)
+        pytest.param(
+            _fixture("h200-v0.26.0-llama3-8b-fp8_e5m2-crash.log"),
+            "fp8_e5m2",
+            "DtypeRejected",
+            "kv_cache_dtype",
+            id="e5m2-forward",
+        ),
+    ],
+)
+def test_model_config_errors_are_told_by_the_traceback(
+    text: str, dtype: str, kind: str, names: str
+) -> None:
+    verdict = classify_failure(
+        FailureEvidence(pod="p", exit_code=1, termination_message=text), kv_cache_dtype=dtype
+    )
+    assert str(verdict.kind) == kind, verdict.reason
+    assert names in verdict.reason + verdict.excerpt
+    if kind == "ModelConfigError":
+        assert str(verdict.action) == "fix" and "config.json" in verdict.remedy
+
+
+def test_the_wrapper_writes_where_each_cause_was_raised() -> None:
+    evidence = Evidence()
+    for line in _fixture("cpu-v0.32.0-tiny-llama-gelu-fp8-config-error.log").splitlines():
+        evidence.add_line(line)
+    summary = summarize(1, evidence)
+    cause = summary.index("ValueError: Unsupported activation: gelu")
+    frames = summary[cause:].split("\nRuntimeError")[0]
+    assert 'File "vllm/model_executor/models/llama.py", line 113, in __init__' in frames
+    assert "site-packages" not in summary
+    # the generic wrapper line gets no frames
+    assert summary.rstrip().endswith("Failed core proc(s): {'EngineCore': 1}")

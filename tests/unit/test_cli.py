@@ -143,6 +143,35 @@ def test_plan_rejects_unknown_gpu_and_model() -> None:
     assert "unknown model" in unknown_model.output
 
 
+def test_plan_parallelism_shows_a_two_node_layout() -> None:
+    args = ["plan", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "H100", "--parallelism", "8x2"]
+    result = runner.invoke(app, [*args, "--kv-cache-dtype", "fp8", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    layout = json.loads(result.output)
+    assert (layout["nodes"], layout["stageLayers"]) == (2, [31, 30])
+    # The larger stage's 31 layers of one fp8 latent (512 + 64) on each GPU.
+    assert layout["kvBytesPerTokenPerGpu"] == {"fp8": 31 * 576}
+    table = runner.invoke(app, args)
+    assert "2 node(s)" in table.output
+    assert "not planned for more than one pipeline stage yet" in table.output
+
+
+def test_plan_parallelism_refuses_what_vllm_refuses_naming_valid_sizes() -> None:
+    heads = runner.invoke(
+        app, ["plan", "--model", "google/gemma-3-1b-it", "--gpu", "H100", "--parallelism", "8x1"]
+    )
+    assert heads.exit_code == 2
+    assert "valid: 1, 2, 4" in heads.output
+    one_stage = runner.invoke(
+        app, ["plan", "--model", "google/gemma-3-1b-it", "--gpu", "H100", "--parallelism", "2x1"]
+    )
+    assert one_stage.exit_code == 0, one_stage.output
+    assert "on 2x H100" in one_stage.output
+    bad = runner.invoke(app, ["plan", "--model", "llama-3-8b", "--gpu", "L4", "--parallelism", "8"])
+    assert bad.exit_code == 2
+    assert "TPxPP" in bad.output
+
+
 def test_plan_reads_a_config_json(tmp_path: Path) -> None:
     config = ROOT / "tests/fixtures/vllm/cpu-tiny-head80.config.json"
     result = runner.invoke(app, ["plan", "--model", str(config), "--gpu", "L4", "-o", "json"])
@@ -159,13 +188,27 @@ def test_render_prints_applyable_manifests() -> None:
     assert "--kv-cache-dtype\n        - fp8" in result.stdout
 
 
-def test_render_refuses_fp8_on_a_t4_and_the_awq_rung_renders() -> None:
+def test_render_refuses_fp8_on_a_t4_as_the_operator_does() -> None:
+    # On a T4 the operator's ladder finds no rung: fp8 has no path on compute capability
+    # 7.5, and the AWQ rung holds fewer sequences than spec.capacity asks. It applies
+    # nothing, so the preview prints nothing (it used to print an AWQ Deployment).
     refused = runner.invoke(app, ["render", "-f", EXAMPLE, "--pool", "T4"])
     assert refused.exit_code == 2
     assert "compute capability 7.5" in refused.output
     awq = runner.invoke(app, ["render", "-f", EXAMPLE, "--pool", "T4", "--rung", "awq"])
+    assert awq.exit_code == 2
+    assert "spec.capacity needs 64" in awq.output
+
+
+def test_render_on_a_t4_prints_the_awq_rung_the_operator_falls_back_to(tmp_path: Path) -> None:
+    doc = yaml.safe_load(Path(EXAMPLE).read_text())
+    del doc["spec"]["capacity"]
+    relaxed = tmp_path / "relaxed.yaml"
+    relaxed.write_text(yaml.safe_dump(doc))
+    awq = runner.invoke(app, ["render", "-f", str(relaxed), "--pool", "T4"])
     assert awq.exit_code == 0, awq.output
     deployment = next(d for d in yaml.safe_load_all(awq.stdout) if d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert args[args.index("--model") + 1] == "casperhansen/llama-3-8b-instruct-awq"
     assert args[args.index("--quantization") + 1] == "awq"
+    assert "rung awq" in awq.stderr

@@ -74,9 +74,12 @@ def test_crd_shape_for_kubectl() -> None:
         "Pool",
         "Replicas",
         "Tiers",
+        "Sequences",
         "Ready",
         "Age",
     ]
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")]
+    assert wide == ["Sequences"]
     conditions = openapi_schema()["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]

@@ -717,3 +717,42 @@ def test_a_failed_model_download_is_model_unavailable_never_a_dtype_fallback(
     assert conditions(second)["Degraded"] == ("True", "ModelUnavailable")
     assert conditions(second)["Stalled"][0] == stalled
     assert second.status["effective"]["kvCacheDtype"] == "fp8"
+
+
+def test_a_crash_that_repeats_under_auto_returns_to_the_requested_dtype_degraded() -> None:
+    """The real old-wrapper text of a model vLLM cannot build (no frames, so DtypeSuspect
+    under fp8): three crashes move to auto; the same crash under auto returns to fp8 with
+    Degraded DtypeCleared and an Event; more crashes on fp8 never fall back again."""
+    name = "cpu-v0.32.0-tiny-llama-gelu-fp8-config-error.old-wrapper.termination-message.txt"
+    text = (Path(__file__).parents[1] / "fixtures" / "vllm" / name).read_text()
+    body = isvc()
+    plan = decide(snapshot(body))
+    for restart in range(1, 4):
+        pod = crashing_pod(plan, text, finished=f"2026-11-30T12:0{restart}:00Z")
+        plan = decide(snapshot(with_status(body, plan), pods=[pod]))
+    assert [a["cause"] for a in attempts(plan)] == ["Suspect"]
+    assert plan.status["effective"]["kvCacheDtype"] == "auto"
+    under_auto = crashing_pod(plan, text, finished="2026-11-30T12:05:00Z")
+    cleared = decide(snapshot(with_status(body, plan), pods=[under_auto]))
+    assert [(a["cause"], a["to"]) for a in attempts(cleared)] == [
+        ("Suspect", "auto"),
+        ("Cleared", "requested"),
+    ]
+    assert cleared.status["effective"]["kvCacheDtype"] == "fp8"
+    assert cleared.status["fallback"]["activeRung"] == "requested"
+    assert conditions(cleared)["Degraded"] == ("True", "DtypeCleared")
+    assert conditions(cleared)["Stalled"] == ("True", "DtypeCleared")
+    assert conditions(cleared)["FallbackActive"][0] == "False"
+    assert ("Warning", "FallbackCleared") in [(e.type, e.reason) for e in cleared.events]
+    # fp8 pods start (not ready yet): still Degraded with the cause, as the status says.
+    starting = decide(snapshot(with_status(body, cleared)))
+    assert conditions(starting)["Degraded"] == ("True", "DtypeCleared")
+    # They crash the same way, again and again: no tally, no move, no retry loop.
+    plan = starting
+    for restart in range(6, 10):
+        pod = crashing_pod(plan, text, finished=f"2026-11-30T12:{restart:02d}:00Z")
+        plan = decide(snapshot(with_status(body, plan), pods=[pod]))
+        assert len(attempts(plan)) == 2 and plan.status["fallback"].get("tally") is None
+        assert conditions(plan)["Degraded"] == ("True", "DtypeCleared")
+        assert plan.status["effective"]["kvCacheDtype"] == "fp8"
+    assert "gelu" in message(plan, "Degraded")

@@ -16,7 +16,7 @@ from gputier.compare import CapacityCheck, classify, judge  # isort: skip
 from gputier.gpu import GpuInfo, parse_nvidia_smi, pool_for  # isort: skip
 from gputier.load import LoadSpec, percentile, prompts  # isort: skip
 from gputier.points import Point, plan_point, render_point, settings_for  # isort: skip
-from gputier.shapes import DEFAULT_SHAPES, config_json  # isort: skip
+from gputier.shapes import config_json  # isort: skip
 from gputier.tier import TierConfig, dry_run, run_tier, write_json  # isort: skip
 from gputier.vllm_output import parse_startup  # isort: skip
 
@@ -107,13 +107,15 @@ def test_every_dtype_gets_the_same_prompts() -> None:
     assert len({tuple(p) for p in prompts(spec)}) == 3
 
 
-@pytest.mark.parametrize("shape", DEFAULT_SHAPES)
+@pytest.mark.parametrize("shape", [model.name for model in load_model_catalog().all()])
 def test_the_engine_builds_the_shape_the_planner_plans(shape: str) -> None:
     config = config_json(shape)
     assert config["architectures"]
     catalog = load_model_catalog().lookup(shape)
     assert catalog is not None
-    assert architecture_from_hf_config(config) == catalog.architecture
+    # The tier serves dummy bf16 weights: a published weight quantization is dropped.
+    bf16 = catalog.architecture.model_copy(update={"weight_quantization": None})
+    assert architecture_from_hf_config(config) == bf16
 
 
 def test_a_supported_dtype_runs_exactly_kvqs_container_command() -> None:
@@ -179,6 +181,11 @@ def test_a_whole_run_against_a_stand_in_engine(
     auto, e5m2 = document["points"]
     assert auto["outcome"] == "served"
     assert auto["capacity"]["measured_kv_tokens"] == 891_712
+    # both of vLLM's figures, and what `run.py report` needs to plan the point again
+    assert auto["capacity"]["measured_concurrency"] == 244.44
+    assert auto["capacity"]["planned_concurrency"] == auto["plan"]["max_concurrency"]
+    assert auto["config"]["num_hidden_layers"] == 32
+    assert auto["settings"]["max_model_len"] == 4096
     assert auto["cache_config_info"]["num_gpu_blocks"] == 55_732
     assert auto["load"]["ok"] == 4 and auto["load"]["completion_tokens"] == 12
     assert auto["load"]["peak_kv_usage"] > 0  # the load was seen running

@@ -224,3 +224,50 @@ def test_random_evidence_never_reenters_a_refused_rung_and_terminates(seed: int)
     assert len(refused_from) == len(set(refused_from))
     entered = [m.to for m in history if m.to != "none"]
     assert len(entered) == len(set(entered))
+
+
+def test_a_suspect_crash_that_repeats_under_auto_clears_the_dtype_once() -> None:
+    """The real old-wrapper text of a model that cannot be built (hidden_act gelu): under fp8
+    it is DtypeSuspect, repeats, and moves the ladder to auto; the same crash under auto
+    proves the dtype innocent: back to fp8, recorded once, never a Suspect move again."""
+    from pathlib import Path
+
+    from kvq.fallback.classifier import classify_failure
+    from kvq.fallback.evidence import FailureEvidence
+    from kvq.fallback.ladder import UnexplainedCrash, cleared_crash
+
+    name = "cpu-v0.32.0-tiny-llama-gelu-fp8-config-error.old-wrapper.termination-message.txt"
+    text = (Path(__file__).parents[1] / "fixtures" / "vllm" / name).read_text()
+    crash = FailureEvidence(pod="p", exit_code=1, termination_message=text)
+    under_fp8 = classify_failure(crash, kv_cache_dtype="fp8")
+    under_auto = classify_failure(crash, kv_cache_dtype="auto")
+    assert (str(under_fp8.kind), str(under_auto.kind)) == ("DtypeSuspect", "Unknown")
+    suspect = RuntimeVerdict(
+        "Suspect", under_fp8.reason, under_fp8.excerpt, signature=under_fp8.signature
+    )
+    down = climb(ladder(verdict=suspect))
+    assert down.rung == A and down.moves[0].signature == under_fp8.signature
+
+    again = UnexplainedCrash(under_auto.reason, under_auto.signature, under_auto.excerpt)
+    later = T0 + timedelta(minutes=3)
+    back = climb(replace(ladder(current=A, history=list(down.moves), now=later), unexplained=again))
+    assert back.rung == R
+    (move,) = back.moves
+    assert (move.cause, move.from_, move.to) == ("Cleared", "auto", "requested")
+    assert "not the cause" in move.reason and "gelu" in move.reason
+    history = [*down.moves, *back.moves]
+    assert cleared_crash(history, key="k1", rung=R, signature=under_fp8.signature) == move
+    assert cleared_crash(history, key="k2", rung=R, signature=under_fp8.signature) is None
+
+    # Back on fp8 the crash repeats: no Suspect move, no retry loop, nothing recorded twice.
+    stay = climb(ladder(current=R, history=history, verdict=suspect, now=later))
+    assert (stay.rung, stay.moves) == (R, ())
+    # A different crash still counts as before.
+    other = replace(suspect, signature="RuntimeError: something else")
+    assert climb(ladder(current=R, history=history, verdict=other, now=later)).rung == A
+    # Decided again from the stored status (now on fp8): nothing recorded twice.
+    twice = climb(replace(ladder(current=R, history=history, now=later), unexplained=again))
+    assert (twice.rung, twice.moves) == (R, ())
+    # A retry by hand forgets the clearance, like every earlier move.
+    assert cleared_crash(history, key="k1", rung=R, signature=under_fp8.signature,
+                         reset_at=later + timedelta(seconds=1)) is None  # fmt: skip

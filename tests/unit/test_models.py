@@ -35,6 +35,13 @@ def catalog() -> ModelCatalog:
         ("google/gemma-2-9b-it", "gemma-2-9b"),
         ("microsoft/Phi-3-mini-4k-instruct", "phi-3-mini-4k"),
         ("hf://deepseek-ai/DeepSeek-V2-Lite", "deepseek-v2-lite"),
+        ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"),
+        ("Qwen/Qwen3-Next-80B-A3B-Instruct", "qwen3-next-80b-a3b"),
+        ("google/gemma-3-1b-it", "gemma-3-1b"),
+        ("google/gemma-3-27b-it", "gemma-3-27b"),
+        ("openai/gpt-oss-20b", "gpt-oss-20b"),
+        ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "llama-4-scout-17b-16e"),
     ],
 )
 def test_lookup_by_name_or_hub_id(catalog: ModelCatalog, query: str, name: str) -> None:

@@ -393,11 +393,17 @@ def test_scheduler_defaults_follow_vllm_serve(
     assert (limits.max_num_batched_tokens, limits.max_num_seqs) == (tokens, seqs)
 
 
-def test_large_vocab_sampler_can_dominate_activation(
+def test_the_sampler_peak_depends_on_the_model_runner(
     gpus: GpuCatalog, models: ModelCatalog
 ) -> None:
-    """Gemma-2's 256k vocabulary makes the sampler's float32 logits the peak, not the MLP."""
-    gemma = plan_capacity(
-        _arch(models, "gemma-2-9b"), _gpu(gpus, "h100"), "auto", max_num_seqs=1024
-    )
-    assert gemma.activation_bytes >= 1024 * 256000 * 6
+    """A dense model runs on vLLM 0.26's V2 runner, which samples its bf16 logits in place;
+    an MoE model on V1, whose sampler keeps the bf16 logits, a float32 copy, the float32
+    softmax and the float32 noise (14 bytes per logit) while the MoE workspace stays
+    allocated."""
+    gemma = plan_capacity(_arch(models, "gemma-2-9b"), _gpu(gpus, "h100"), "auto")
+    qwen = plan_capacity(_arch(models, "qwen3-30b-a3b"), _gpu(gpus, "h100"), "auto")
+    assert (gemma.model_runner, qwen.model_runner) == ("v2", "v1")
+    # Gemma-2: the MLP (3 x 14,336 wide over 8,192 tokens) outweighs 1,024 x 256k bf16 logits
+    assert gemma.activation_bytes == 8192 * 3584 * 2 + 8192 * 3 * 14336 * 2
+    logits = 1024 * 151936 * 14
+    assert qwen.activation_bytes > logits + 8192 * 8 * 2048 * 2 * 2

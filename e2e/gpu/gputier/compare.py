@@ -7,10 +7,12 @@ the exit code), exactly what the operator reads from a pod's status.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvq.fallback import Classification, FailureEvidence, classify_failure
 
-TOLERANCE = 0.02
+# Issue 21: the plan holds within 1 % of vLLM's KV tokens and concurrency on every family.
+TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,30 @@ class CapacityCheck:
     @property
     def within_tolerance(self) -> bool:
         return abs(self.error) <= TOLERANCE
+
+
+def capacity_record(
+    measured_tokens: int, measured_concurrency: float | None, plan: dict[str, Any]
+) -> dict[str, Any]:
+    """vLLM's two figures ("GPU KV cache size: N tokens", "Maximum concurrency for L tokens
+    per request: Xx") against the plan's, as a point keeps them."""
+    tokens = CapacityCheck(measured_tokens, plan["kv_tokens"])
+    record: dict[str, Any] = {
+        "measured_kv_tokens": measured_tokens,
+        "planned_kv_tokens": tokens.planned_tokens,
+        "error": round(tokens.error, 5),
+        "measured_concurrency": measured_concurrency,
+        "planned_concurrency": plan.get("max_concurrency"),
+        "concurrency_error": None,
+        "tolerance": TOLERANCE,
+    }
+    within = tokens.within_tolerance
+    if measured_concurrency and plan.get("max_concurrency") is not None:
+        error = (plan["max_concurrency"] - measured_concurrency) / measured_concurrency
+        record["concurrency_error"] = round(error, 5)
+        within = within and abs(error) <= TOLERANCE
+    record["within_tolerance"] = within
+    return record
 
 
 def classify(termination_message: str, exit_code: int, kv_cache_dtype: str) -> Classification:

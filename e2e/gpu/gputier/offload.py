@@ -361,7 +361,7 @@ def markdown(records: list[dict[str, Any]], load: dict[str, Any]) -> list[str]:
                 f"{_share(found['tier_prefix_hits'], found['tier_prefix_queries'])} | "
                 f"{found['tier_load_bytes'] / 2**20:,.0f} MiB | "
                 f"{_ms(found['ttft_mean_s'])} | {_ms(found['ttft_p50_s'])} | "
-                f"{_ms(found['engine_ttft_mean_s'])} | {found['peak_kv_usage'] or '-'} |"
+                f"{_ms(found['engine_ttft_mean_s'])} | {_percent(found['peak_kv_usage'])} |"
             )
         if record.get("outcome") != "served":
             out.append(f"| {record['point']} | {record.get('outcome')} | | | | | | | | | |")
@@ -375,6 +375,11 @@ def markdown(records: list[dict[str, Any]], load: dict[str, Any]) -> list[str]:
                 f"{tier['tokens']:,} tokens in {tier['bytes'] / 2**30:.0f} GiB by kvq's plan."
             )
     return out
+
+
+def _percent(share: float | None) -> str:
+    # The gauge is polled every POLL_S; a pass of one-token requests can end between polls.
+    return "-" if share is None else f"{share:.1%}"
 
 
 def _share(hits: int, queries: int) -> str:

@@ -9,11 +9,14 @@ that matches the GPU; the harness only "mounts" what a pod would get: the wrappe
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+from gputier.shapes import config_json
 from kvq.api.resource import InferenceService
 from kvq.catalog.engines import EngineCapability, load_engine_catalog, version_from_image
-from kvq.catalog.models import ModelArchitecture, load_model_catalog
+from kvq.catalog.gpus import GpuModel
+from kvq.catalog.models import ModelArchitecture, architecture_from_hf_config
 from kvq.placement.pool import NodePool
 from kvq.planner import CapacityPlan, plan_capacity
 from kvq.render import EffectiveSettings, RenderError, container_command, effective_settings
@@ -24,23 +27,44 @@ ENGINE_IMAGE = "vllm/vllm-openai:v0.26.0"
 MODEL_CLAIM = "gpu-tier"
 DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")
 GPU_MEMORY_UTILIZATION = 0.90
-# Room for the load (3,000 + 256 tokens) on every shape: phi-3-mini-4k allows 4,096.
+# The default: room for the load (3,000 + 256 tokens) on every shape; phi-3-mini-4k allows
+# 4,096. A hybrid model's point sets its own (8x its window, run.py --max-model-len).
 MAX_MODEL_LEN = 4096
 # What the InferenceService adds for a model-free run; kvq renders these from spec.
 DUMMY_ARGS = ("--load-format", "dummy", "--skip-tokenizer-init")
 # FlashInfer is not in the bundle: keep vLLM's sampler off it (a pod would set the same).
 ENGINE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+# Per model_type, what the InferenceService adds to run without FlashInfer. Gated DeltaNet
+# prefill on Hopper defaults to FlashInfer's JIT kernel ("auto"; vLLM 0.26
+# model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py `_resolve_gdn_prefill_backend`);
+# `--gdn-prefill-backend triton` picks vLLM's own Triton/FLA kernel.
+FAMILY_ARGS: dict[str, tuple[str, ...]] = {"qwen3_next": ("--gdn-prefill-backend", "triton")}
 
 
 @dataclass(frozen=True)
 class Point:
     shape: str
     dtype: str
+    max_model_len: int = MAX_MODEL_LEN
+    layers: int | None = None
+    """Fewer layers of the same pattern (a model too big for the GPU); None: all."""
+
+    @property
+    def variant(self) -> str:
+        """The served model: `qwen3-next-80b-a3b-l24` (its first 24 layers) or the shape."""
+        return self.shape if self.layers is None else f"{self.shape}-l{self.layers}"
+
+    @property
+    def key(self) -> tuple[str, str, int, int | None]:
+        """What identifies a measured point across runs (--skip-done, report)."""
+        return (self.shape, self.dtype, self.max_model_len, self.layers)
 
     @property
     def name(self) -> str:
-        """The InferenceService name (a DNS label): `qwen2-5-7b-fp8-e4m3`."""
-        return f"{self.shape}-{self.dtype}".replace(".", "-").replace("_", "-")
+        """The InferenceService name (a DNS label): `qwen2-5-7b-fp8-e4m3`,
+        `gemma-3-1b-32768-fp8` (a max model length of its own)."""
+        length = "" if self.max_model_len == MAX_MODEL_LEN else f"-{self.max_model_len}"
+        return f"{self.variant}{length}-{self.dtype}".replace(".", "-").replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -66,8 +90,23 @@ class RenderedPoint:
     substitution: str | None
 
 
-def model_path(shape: str) -> str:
-    return f"{MODELS_ROOT}/{MODEL_CLAIM}/{shape}"
+def parse_shape(spec: str, max_model_len: int, layers: int | None) -> tuple[str, int, int | None]:
+    """`gemma-3-1b:len=32768`, `qwen3-next-80b-a3b:len=8192:layers=24` -> (shape, len,
+    layers); what a spec leaves out comes from run.py's --max-model-len / --layers."""
+    shape, *options = spec.split(":")
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "len" and value.isdigit():
+            max_model_len = int(value)
+        elif key == "layers" and value.isdigit():
+            layers = int(value)
+        else:
+            raise ValueError(f"{spec!r}: expected SHAPE[:len=N][:layers=N], got {option!r}")
+    return shape, max_model_len, layers
+
+
+def model_path(variant: str) -> str:
+    return f"{MODELS_ROOT}/{MODEL_CLAIM}/{variant}"
 
 
 def inference_service(
@@ -75,7 +114,7 @@ def inference_service(
 ) -> InferenceService:
     memory: dict[str, object] = {
         "gpuMemoryUtilization": GPU_MEMORY_UTILIZATION,
-        "maxModelLen": MAX_MODEL_LEN,
+        "maxModelLen": point.max_model_len,
     }
     if max_num_seqs is not None:
         memory["maxNumSeqs"] = max_num_seqs
@@ -85,10 +124,10 @@ def inference_service(
             "kind": "InferenceService",
             "metadata": {"name": name or point.name, "namespace": "gpu-tier"},
             "spec": {
-                "model": {"uri": f"pvc://{MODEL_CLAIM}/{point.shape}"},
+                "model": {"uri": f"pvc://{MODEL_CLAIM}/{point.variant}"},
                 "engine": {
                     "image": ENGINE_IMAGE,
-                    "extraArgs": list(DUMMY_ARGS),
+                    "extraArgs": [*DUMMY_ARGS, *family_args(point.shape)],
                     "env": [{"name": k, "value": v} for k, v in ENGINE_ENV.items()],
                 },
                 "kvCache": {"dtype": point.dtype},
@@ -96,6 +135,10 @@ def inference_service(
             },
         }
     )
+
+
+def family_args(shape: str) -> tuple[str, ...]:
+    return FAMILY_ARGS.get(str(config_json(shape).get("model_type")), ())
 
 
 def engine_capability() -> EngineCapability:
@@ -135,7 +178,7 @@ def render_point(
         command = container_command(isvc, pool, settings, python=python, port=port)
         rendered_for, substitution = point.dtype, None
     except RenderError as refusal:
-        auto = inference_service(Point(point.shape, "auto"), name=point.name)
+        auto = inference_service(replace(point, dtype="auto"), name=point.name)
         settings = settings_for(auto, pool)
         base = container_command(auto, pool, settings, python=python, port=port)
         engine_value = engine_capability().engine_value(point.dtype) or point.dtype
@@ -147,7 +190,7 @@ def render_point(
         )
     env = {e.name: e.value for e in isvc.spec.engine.env}
     return RenderedPoint(
-        point, isvc, tuple(command), env, model_path(point.shape), rendered_for, substitution
+        point, isvc, tuple(command), env, model_path(point.variant), rendered_for, substitution
     )
 
 
@@ -158,11 +201,59 @@ def swap_kv_dtype(command: list[str], engine_value: str) -> list[str]:
     return out
 
 
-def architecture(shape: str) -> ModelArchitecture:
-    found = load_model_catalog().lookup(shape)
-    if found is None:
-        raise ValueError(f"kvq's model catalog has no {shape!r}")
-    return found.architecture
+def architecture(config: dict[str, Any]) -> ModelArchitecture:
+    """What `kvq plan --model config.json` reads from the config the engine was given."""
+    return architecture_from_hf_config(config)
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The spec's settings `kvq plan` needs besides the model and GPU (saved per point, so
+    `run.py report` can plan a saved point again with the current planner)."""
+
+    kv_cache_dtype: str
+    max_model_len: int = MAX_MODEL_LEN
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    tensor_parallel: int = 1
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+
+def settings_of(point: Point) -> PlanSettings:
+    return PlanSettings(point.dtype, point.max_model_len)
+
+
+def plan_config(config: dict[str, Any], gpu: GpuModel, settings: PlanSettings) -> CapacityPlan:
+    """`kvq plan` for a config.json and settings (vLLM's serve defaults where none set)."""
+    return plan_capacity(
+        architecture(config),
+        gpu,
+        settings.kv_cache_dtype,
+        tensor_parallel=settings.tensor_parallel,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+    )
+
+
+def plan_record(plan: CapacityPlan) -> dict[str, Any]:
+    """The plan's figures a point keeps (and `run.py report` recomputes)."""
+    return {
+        "kv_tokens": plan.kv_tokens,
+        "max_concurrency": plan.max_concurrency,
+        "num_blocks": plan.num_blocks,
+        "available_kv_bytes": plan.available_kv_bytes,
+        "weight_bytes": plan.weight_bytes_per_gpu,
+        "activation_bytes": plan.activation_bytes,
+        "non_torch_bytes": plan.non_torch_bytes,
+        "requested_bytes": plan.requested_bytes_per_gpu,
+        "kv_bytes_per_token": plan.kv_bytes_per_token,
+        "max_num_batched_tokens": plan.max_num_batched_tokens,
+        "max_num_seqs": plan.max_num_seqs,
+        "fits": plan.fits,
+        "reason": plan.reason,
+    }
 
 
 def plan_point(
@@ -172,23 +263,22 @@ def plan_point(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
 ) -> CapacityPlan:
-    """`kvq plan` for the point's settings (vLLM's serve defaults where the spec sets none)."""
-    return plan_capacity(
-        architecture(point.shape),
-        pool.gpu,
-        point.dtype,
-        tensor_parallel=1,
-        gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
-        max_model_len=MAX_MODEL_LEN,
+    """`kvq plan` for the point's config.json and settings."""
+    settings = replace(
+        settings_of(point),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
     )
+    return plan_config(config_json(point.shape, point.layers), pool.gpu, settings)
 
 
 def plan_command(point: Point, pool: NodePool) -> str:
-    """The `kvq plan` command line that reproduces the point's figure."""
+    """The `kvq plan` command line that reproduces the point's figure (with fewer layers:
+    the config.json the engine was given, saved in the result as `config`)."""
+    model = point.shape if point.layers is None else f"{point.variant}/config.json"
     return (
-        f"kvq plan --model {point.shape} --gpu {pool.gpu.product} --kv-cache-dtype {point.dtype} "
-        f"--gpu-memory-utilization {GPU_MEMORY_UTILIZATION} --max-model-len {MAX_MODEL_LEN} "
+        f"kvq plan --model {model} --gpu {pool.gpu.product} --kv-cache-dtype {point.dtype} "
+        f"--gpu-memory-utilization {GPU_MEMORY_UTILIZATION} "
+        f"--max-model-len {point.max_model_len} "
         f"--engine-version {engine_capability().version} -o json"
     )

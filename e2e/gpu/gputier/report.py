@@ -21,24 +21,40 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
     if len(products) != 1:
         raise ValueError(f"runs on different GPUs: {', '.join(sorted(products))}")
     merged = {k: v for k, v in first.items() if k not in ("points", "finished", "wall_s")}
+    # A document `report` already merged carries its runs: keep them (re-planning a
+    # merged result must not fold runs b and c into a) rather than read it as one run.
     merged["runs"] = [
-        {
-            "label": d.get("label", ""),
-            "started": d["started"],
-            "finished": d.get("finished"),
-            "wall_s": d.get("wall_s"),
-            "versions": d["versions"],
-        }
+        run
         for d in documents
+        for run in d.get("runs")
+        or [
+            {
+                "label": d.get("label", ""),
+                "started": d["started"],
+                "finished": d.get("finished"),
+                "wall_s": d.get("wall_s"),
+                "versions": d["versions"],
+            }
+        ]
     ]
-    points: dict[tuple[str, str], dict[str, Any]] = {}
+    points: dict[tuple[str, str, int, int | None], dict[str, Any]] = {}
     for document in documents:
         for record in document["points"]:
-            key = (record["shape"], record["dtype"])
+            key = point_key(record)
             if record["outcome"] != "not run" or key not in points:
                 points[key] = record
     merged["points"] = list(points.values())
     return merged
+
+
+def point_key(record: dict[str, Any]) -> tuple[str, str, int, int | None]:
+    """`Point.key` of a saved point (runs before --max-model-len: 4,096, every layer)."""
+    return (
+        record["shape"],
+        record["dtype"],
+        int(record.get("max_model_len") or 4096),
+        record.get("layers"),
+    )
 
 
 def file_stem(document: dict[str, Any]) -> str:
@@ -57,6 +73,20 @@ def _int(value: int | None) -> str:
 
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _layers(record: dict[str, Any]) -> str:
+    if record.get("layers") is None:
+        return "all"
+    return f"{record['layers']} of {record.get('model_layers', '?')}"
+
+
+def _once(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per (shape, layers): the config changes do not depend on the dtype."""
+    seen: dict[tuple[str, int | None], dict[str, Any]] = {}
+    for r in records:
+        seen.setdefault((r["shape"], r.get("layers")), r)
+    return list(seen.values())
 
 
 def _first_cause(message: str) -> str:
@@ -100,27 +130,49 @@ def render_markdown(document: dict[str, Any]) -> str:
             f"({_num(run['wall_s'], 0)} s), kvq {run['versions'].get('kvq_commit')}"
         )
     out += [f"- {note}" for note in document.get("notes", [])]
+    replanned = document.get("replanned")
+    if replanned:
+        out.append(
+            f"- plans recomputed {replanned['at']} with kvq {replanned.get('kvq_commit')}'s "
+            "planner from each point's saved config.json and settings (`run.py report`)"
+        )
     out += [
         "",
-        "## Capacity: vLLM's KV tokens against `kvq plan`",
+        "## Capacity: vLLM's KV tokens and concurrency against `kvq plan`",
         "",
-        "| shape | dtype | outcome | backend | vLLM KV tokens | plan KV tokens | plan error "
+        'Concurrency: vLLM\'s "Maximum concurrency for L tokens per request" (sequences of '
+        "the max model length L) and the plan's. Padding: vLLM's hybrid KV-cache manager's "
+        '"Add N padding layers" line.',
+        "",
+        "| shape | layers | max len | dtype | outcome | backend | vLLM KV tokens "
+        "| plan KV tokens | plan error | vLLM / plan concurrency | error | padding "
         "| vLLM avail. KV GiB | plan GiB | activation vLLM / plan GiB |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in points:
         startup = r.get("startup") or {}
         cap = r.get("capacity") or {}
         plan = r["plan"]
+        padding = (
+            f"{startup['padding_layers']} ({_num(startup.get('padding_waste_pct'), 2)} %)"
+            if startup.get("padding_layers") is not None
+            else "-"
+        )
         out.append(
-            f"| {r['shape']} | {r['dtype']} | {r['outcome']} | "
-            f"{startup.get('attention_backend') or '-'} | {_int(cap.get('measured_kv_tokens'))} | "
-            f"{_int(plan['kv_tokens'])} | {_pct(cap.get('error'))} | "
-            f"{_num(startup.get('available_kv_gib'), 2)} | "
+            f"| {r['shape']} | {_layers(r)} | {_int(point_key(r)[2])} | {r['dtype']} | "
+            f"{r['outcome']} | {startup.get('attention_backend') or '-'} | "
+            f"{_int(cap.get('measured_kv_tokens'))} | {_int(plan['kv_tokens'])} | "
+            f"{_pct(cap.get('error'))} | {_num(startup.get('max_concurrency'), 2)} / "
+            f"{_num(plan.get('max_concurrency'), 2)} | {_pct(cap.get('concurrency_error'))} | "
+            f"{padding} | {_num(startup.get('available_kv_gib'), 2)} | "
             f"{_num(plan['available_kv_bytes'] / GIB, 2)} | "
             f"{_num(startup.get('peak_activation_gib'), 2)} / "
             f"{_num(plan['activation_bytes'] / GIB, 2)} |"
         )
+    changed = [r for r in points if r.get("config_changes")]
+    if changed:
+        out += ["", "What the served config.json changes from the catalog row:", ""]
+        out += [f"- {r['shape']}: {'; '.join(r['config_changes'])}" for r in _once(changed)]
     out += [
         "",
         "## Refusals and crashes: the termination message alone, classified",
@@ -179,12 +231,14 @@ def render_markdown(document: dict[str, Any]) -> str:
     not_run = [r for r in points if r["outcome"] == "not run"]
     out += ["", "## Not run", ""]
     out += [
-        f"- {r['shape']} / {r['dtype']}: {r.get('why_not_run', 'not reached')}" for r in not_run
+        f"- {r.get('inference_service', r['shape'])} / {r['dtype']}: "
+        f"{r.get('why_not_run', 'not reached')}"
+        for r in not_run
     ] or ["- nothing"]
     out += ["", "## Exact commands", ""]
     for r in points:
         env = " ".join(f"{k}={v}" for k, v in sorted(r["env"].items()))
-        out.append(f"- `{r['shape']}` / `{r['dtype']}` ({r['outcome']}):")
+        out.append(f"- `{r.get('inference_service', r['shape'])}` ({r['outcome']}):")
         if r.get("substitution"):
             out.append(f"  {r['substitution']}.")
         out.append(f"  `{env} {' '.join(r['command'])}`")

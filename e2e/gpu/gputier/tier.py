@@ -22,19 +22,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gputier.compare import CapacityCheck, classify, judge
+from gputier.compare import capacity_record, classify, judge
 from gputier.gpu import GpuInfo, pool_for
 from gputier.load import LoadSpec, run_load
 from gputier.points import (
     DTYPES,
+    MAX_MODEL_LEN,
     Point,
     RenderedPoint,
+    parse_shape,
     plan_command,
-    plan_point,
+    plan_config,
+    plan_record,
     predict,
     render_point,
+    settings_of,
 )
-from gputier.shapes import DEFAULT_SHAPES, write_model_dir
+from gputier.shapes import DEFAULT_SHAPES, layer_period, tier_config, write_model_dir
 from gputier.vllm_output import cache_config, parse_metrics, parse_startup
 from kvq.placement.pool import NodePool
 from kvq.render.args import ENGINE_PORT, WRAPPER_PATH
@@ -60,24 +64,33 @@ HARNESS_ADDS = (
 @dataclass(frozen=True)
 class TierConfig:
     shapes: tuple[str, ...] = DEFAULT_SHAPES
+    """Catalog names, each optionally `:len=N` and `:layers=N` (gputier.points.parse_shape)."""
     dtypes: tuple[str, ...] = DTYPES
+    max_model_len: int = MAX_MODEL_LEN
+    layers: int | None = None
     load_points: frozenset[tuple[str, str]] = frozenset(
         {("llama-3-8b", "auto"), ("llama-3-8b", "fp8"), ("llama-3-8b", "int8")}
     )
     load: LoadSpec = field(default_factory=LoadSpec)
     python: str = "python3"
     deadline_s: float = 540.0
+    start_deadline_s: float = START_DEADLINE_S
+    point_budget_s: float = POINT_BUDGET_S
+    """What one point (start, probe, stop) is expected to take: no point starts with less
+    left before `deadline_s`. 75 s fits the dense shapes; a large MoE or a hybrid model
+    with Triton kernels to compile takes longer."""
     label: str = ""
     port: int = ENGINE_PORT
-    skip: frozenset[tuple[str, str]] = frozenset()
-    """Points an earlier run already measured (run.py --skip-done)."""
+    skip: frozenset[tuple[str, str, int, int | None]] = frozenset()
+    """Points an earlier run already measured (run.py --skip-done): `Point.key`s."""
     pod_root: Path = Path("/")
     """Where the pod's files go: `/` on the GPU machine; elsewhere (tests) the command's
     /opt/kvq and /models paths are pointed there."""
 
     def points(self) -> list[Point]:
-        points = [Point(s, d) for s in self.shapes for d in self.dtypes]
-        return [p for p in points if (p.shape, p.dtype) not in self.skip]
+        shapes = [parse_shape(s, self.max_model_len, self.layers) for s in self.shapes]
+        points = [Point(s, d, n, layers) for s, n, layers in shapes for d in self.dtypes]
+        return [p for p in points if p.key not in self.skip]
 
 
 def utc_now() -> str:
@@ -114,30 +127,26 @@ def describe_point(rendered: RenderedPoint, pool: NodePool) -> dict[str, Any]:
     """Everything known before the engine starts: command, prediction, plan."""
     point = rendered.point
     prediction = predict(point, pool)
-    plan = plan_point(point, pool)
+    config, changes = tier_config(point.shape, point.layers)
+    settings = settings_of(point)
+    full_layers = int(tier_config(point.shape)[0]["num_hidden_layers"])
     return {
         "shape": point.shape,
         "dtype": point.dtype,
+        "max_model_len": point.max_model_len,
+        "layers": point.layers,
+        "model_layers": full_layers,
+        "layer_period": layer_period(config),
+        "config_changes": changes,
         "inference_service": point.name,
         "rendered_for": rendered.rendered_for,
         "substitution": rendered.substitution,
         "command": list(rendered.command),
         "env": rendered.env,
         "prediction": asdict(prediction),
-        "plan": {
-            "kv_tokens": plan.kv_tokens,
-            "num_blocks": plan.num_blocks,
-            "available_kv_bytes": plan.available_kv_bytes,
-            "weight_bytes": plan.weight_bytes_per_gpu,
-            "activation_bytes": plan.activation_bytes,
-            "non_torch_bytes": plan.non_torch_bytes,
-            "requested_bytes": plan.requested_bytes_per_gpu,
-            "kv_bytes_per_token": plan.kv_bytes_per_token,
-            "max_num_batched_tokens": plan.max_num_batched_tokens,
-            "max_num_seqs": plan.max_num_seqs,
-            "fits": plan.fits,
-            "reason": plan.reason,
-        },
+        "config": config,
+        "settings": asdict(settings),
+        "plan": plan_record(plan_config(config, pool.gpu, settings)),
         "plan_command": plan_command(point, pool),
         "outcome": "not run",
     }
@@ -160,7 +169,8 @@ def install_pod_files(rendered: RenderedPoint, pod_root: Path) -> None:
     wrapper = Path(pod_path(WRAPPER_PATH, pod_root))
     wrapper.parent.mkdir(parents=True, exist_ok=True)
     wrapper.write_text(evidence_script())
-    write_model_dir(rendered.point.shape, Path(pod_path(rendered.model_dir, pod_root)))
+    point = rendered.point
+    write_model_dir(point.shape, Path(pod_path(rendered.model_dir, pod_root)), point.layers)
 
 
 def gpu_memory_used_mib() -> int:
@@ -199,10 +209,12 @@ def run_point(
             config.port,
             log_path,
             env=env,
-            startup_deadline_s=START_DEADLINE_S,
+            startup_deadline_s=config.start_deadline_s,
         )
     except TimeoutError as error:
         record.update(outcome="timeout", error=str(error))
+        if log_path.exists():  # what it printed before the deadline (KV cache lines)
+            record["startup"] = asdict(parse_startup(log_path.read_text(errors="replace")))
         return
     record["start_s"] = round(time.monotonic() - started_at, 1)
     if isinstance(started, server.StartupFailure):
@@ -232,13 +244,7 @@ def run_point(
             verdict=judge(record["prediction"]["runs"], True, None),
         )
         if measured:
-            check = CapacityCheck(measured, record["plan"]["kv_tokens"])
-            record["capacity"] = {
-                "measured_kv_tokens": measured,
-                "planned_kv_tokens": check.planned_tokens,
-                "error": round(check.error, 5),
-                "within_2_percent": check.within_tolerance,
-            }
+            record["capacity"] = capacity_record(measured, figures.max_concurrency, record["plan"])
         if (point.shape, point.dtype) in config.load_points:
             result = run_load(started.base_url, point.name, config.load)
             record["load"] = {
@@ -274,7 +280,7 @@ def run_tier(
     document["points"] = records
     write(document)
     for rendered, record in zip(rendered_points, records, strict=True):
-        needed = POINT_BUDGET_S + (LOAD_BUDGET_S if _loads(rendered, config) else 0)
+        needed = config.point_budget_s + (LOAD_BUDGET_S if _loads(rendered, config) else 0)
         if clock() - started + needed > config.deadline_s:
             record["outcome"] = "not run"
             record["why_not_run"] = f"time budget ({config.deadline_s:.0f} s for this run)"
@@ -324,11 +330,16 @@ def dry_run(info: GpuInfo, config: TierConfig) -> list[str]:
         rendered = render_point(point, pool, python=config.python, port=config.port)
         record = describe_point(rendered, pool)
         env = " ".join(f"{k}={v}" for k, v in sorted(rendered.env.items()))
-        lines.append(
-            f"# {point.shape} / {point.dtype}: predicted "
-            f"{'runs' if record['prediction']['runs'] else 'refused'}; "
-            f"plan {record['plan']['kv_tokens']:,} KV tokens"
+        layers = (
+            "" if point.layers is None else f", {point.layers} of {record['model_layers']} layers"
         )
+        lines.append(
+            f"# {point.name} ({point.shape}{layers}, max len {point.max_model_len:,}): predicted "
+            f"{'runs' if record['prediction']['runs'] else 'refused'}; "
+            f"plan {record['plan']['kv_tokens']:,} KV tokens, "
+            f"concurrency {record['plan']['max_concurrency']:.2f}x"
+        )
+        lines += [f"#   config.json: {change}" for change in record["config_changes"]]
         if rendered.substitution:
             lines.append(f"#   {rendered.substitution}")
         if record["prediction"]["slow_warning"]:

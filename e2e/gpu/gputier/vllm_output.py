@@ -24,6 +24,20 @@ _PATTERNS = {
 }
 _CONCURRENCY = re.compile(rf"Maximum concurrency for {_NUMBER} tokens per request: {_NUMBER}x")
 _BACKEND = re.compile(r"Using (\w+) attention backend")
+# The hybrid KV-cache manager (vllm/v1/core/kv_cache_utils.py, 0.26): sliding-window /
+# chunked / Mamba groups unified to one page size by padding layers.
+_PADDING = re.compile(rf"Add (\d+) padding layers, may waste at most {_NUMBER}% KV cache memory")
+_HYBRID_OFF = "Hybrid KV cache manager is disabled for this hybrid model"
+# vllm/platforms/interface.py (0.26): a hybrid Mamba model's attention block size is raised
+# until an attention page holds a Mamba state; the state page is padded to match.
+_BLOCK_SIZE = re.compile(r"Setting attention block size to (\d+) tokens")
+_MAMBA_PADDING = re.compile(rf"Padding mamba page size by {_NUMBER}%")
+# Start-up lines about the KV cache, kept verbatim (the message after vLLM's log prefix).
+_KV_LINE = re.compile(
+    r"KV cache|padding layers|attention block size|mamba page size|Maximum concurrency|"
+    r"max_model_len|[Hh]ybrid|kv_cache_dtype|chunked local attention|sliding window"
+)
+_LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\] )?")
 _FA_VERSION = re.compile(r"Using FlashAttention version (\d+)")
 # gpu_worker.py's summary after start-up (vLLM 0.2x).
 _USAGE = re.compile(
@@ -58,6 +72,12 @@ class StartupFigures:
     attention_backend: str | None = None
     flash_attention_version: int | None = None
     init_engine_s: float | None = None
+    padding_layers: int | None = None
+    padding_waste_pct: float | None = None
+    attention_block_size: int | None = None
+    mamba_padding_pct: float | None = None
+    hybrid_manager_disabled: bool = False
+    kv_cache_lines: tuple[str, ...] = ()
     serving: bool = False
 
 
@@ -88,8 +108,26 @@ def parse_startup(log: str) -> StartupFigures:
             non_torch_gib=non_torch,
             cudagraph_gib=graphs,
         )
+    if match := _PADDING.search(log):
+        found["padding_layers"] = int(match.group(1))
+        found["padding_waste_pct"] = _number(match.group(2))
+    if match := _BLOCK_SIZE.search(log):
+        found["attention_block_size"] = int(match.group(1))
+    if match := _MAMBA_PADDING.search(log):
+        found["mamba_padding_pct"] = _number(match.group(1))
+    found["hybrid_manager_disabled"] = _HYBRID_OFF in log
+    found["kv_cache_lines"] = kv_cache_lines(log)
     found["serving"] = SERVING_MARKER in log
     return StartupFigures(**found)  # type: ignore[arg-type]
+
+
+def kv_cache_lines(log: str, limit: int = 40) -> tuple[str, ...]:
+    """The start-up log's lines about the KV cache, without the log prefix, each once."""
+    seen: dict[str, None] = {}
+    for line in log.splitlines():
+        if _KV_LINE.search(line) and "Avg prompt throughput" not in line:
+            seen.setdefault(_LOG_PREFIX.sub("", line.strip())[:300], None)
+    return tuple(seen)[:limit]
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {"name": "Tiers", "type": "string", "jsonPath": ".status.tiersReady"},
     {
+        # vLLM's "Maximum concurrency": sequences of maxModelLen one replica holds (-o wide).
+        "name": "Sequences",
+        "type": "number",
+        "jsonPath": ".status.capacity.maxConcurrentSequences",
+        "priority": 1,
+    },
+    {
         "name": "Ready",
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',

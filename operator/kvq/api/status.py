@@ -20,6 +20,7 @@ ConditionType = Literal[
     "Autoscaling",
     "Routing",
     "QualityVerified",
+    "KnownAccuracyRisk",
 ]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -124,7 +125,11 @@ class CapacityStatus(KubeModel):
     kv_tokens: int | None = None
     """Tokens that fit in the KV cache of one replica."""
     max_concurrent_sequences: float | None = None
-    """Sequences of maxModelLen tokens that fit at once."""
+    """Sequences of maxModelLen tokens that fit at once: vLLM's "Maximum concurrency" (for
+    sliding-window and Mamba hybrids more than kvTokens / maxModelLen would say)."""
+    kv_layout: str | None = None
+    """How vLLM's KV-cache manager groups the layers (full, sliding, chunked, state), when
+    there is more than one kind; padding layers it adds are counted."""
     ratio_vs_auto: float | None = None
     """KV tokens relative to the uncompressed (auto) cache on the same GPUs."""
     max_model_len: int | None = None
@@ -136,7 +141,14 @@ class CapacityStatus(KubeModel):
 
 
 FallbackCause = Literal[
-    "Refused", "Suspect", "Incompatible", "Capacity", "Retry", "Recovered", "QualityRegression"
+    "Refused",
+    "Suspect",
+    "Incompatible",
+    "Capacity",
+    "Retry",
+    "Recovered",
+    "QualityRegression",
+    "Cleared",
 ]
 
 
@@ -151,7 +163,8 @@ class FallbackAttempt(KubeModel):
     """Refused (the engine refused the dtype), Suspect (an unknown start-up crash repeated),
     Incompatible (no pool can run the rung), Capacity (no pool can run it now, past the grace
     period), Retry (back to a suspect rung after its back-off, or by hand), Recovered (back
-    up: the rung can run again), QualityRegression."""
+    up: the rung can run again), QualityRegression, Cleared (back from a Suspect fallback: the
+    same crash happened on the fallback rung, so the dtype was not the cause)."""
     reason: str
     """Why, in one sentence."""
     evidence: Annotated[str, Field(max_length=2048)] = ""
@@ -169,6 +182,10 @@ class FallbackAttempt(KubeModel):
     """The pool the rung moved from ran on (a refusal binds that pool only)."""
     retry_after: str | None = None
     """Suspect moves: when the rung moved from is tried again (RFC 3339)."""
+    signature: Annotated[str, Field(max_length=256)] | None = None
+    """Suspect and Cleared moves: the crash's normalised root-cause line. A Suspect move's crash
+    seen again on the rung it fell back to clears the dtype (a Cleared move), and that crash
+    never moves the ladder again for this key."""
 
 
 class FailureTally(KubeModel):
@@ -306,6 +323,20 @@ class QualityStatus(KubeModel):
     """The probe Job."""
 
 
+class AccuracyRisk(KubeModel):
+    """A known FP8 KV-cache accuracy problem that matches what runs (kvq's catalog,
+    operator/kvq/catalog/fp8_accuracy.yaml): a warning, never a refusal."""
+
+    id: str
+    """The fact's id in kvq's catalog."""
+    severity: Literal["high", "low"]
+    """high: wrong or unusable answers were reported; low: a modest, consistent drop."""
+    summary: str
+    """What was reported, and the workaround."""
+    sources: list[str] = Field(default_factory=list)
+    """Where the fact comes from (issue, pull request or documentation URLs)."""
+
+
 class RoutingStatus(KubeModel):
     """The HTTPRoute kvq renders, and how the Gateway took it."""
 
@@ -359,6 +390,9 @@ class InferenceServiceStatus(KubeModel):
     """The route through the Gateway (with spec.routing)."""
     quality: QualityStatus | None = None
     """The quality gate's last probe (with spec.quality)."""
+    known_accuracy_risks: list[AccuracyRisk] | None = None
+    """Reported FP8 KV-cache accuracy problems for this engine, GPU, model and dtype
+    (condition KnownAccuracyRisk); check the model itself with spec.quality."""
     replicas: int | None = None
     """Engine pods that exist (the scale subresource's status.replicas)."""
     selector: str | None = None

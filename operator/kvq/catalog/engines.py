@@ -55,6 +55,22 @@ class Sourced:
 
 
 @dataclass(frozen=True)
+class MemoryProfile:
+    """How one vLLM version profiles memory before sizing the KV cache (engines.yaml
+    kv_memory_profile): the planner's runner and CUDA-graph rules, with their source."""
+
+    runner: Literal["v2-dense", "v2"]
+    graphs_subtracted: Literal["v1-runner", "all"]
+    origin: Sourced
+
+
+# kvq's default engine (0.26), for plans made without an engine version.
+DEFAULT_MEMORY_PROFILE = MemoryProfile(
+    "v2-dense", "v1-runner", Sourced("vllm 0.26.0 wheel (engines.yaml kv_memory_profile)", True)
+)
+
+
+@dataclass(frozen=True)
 class FlagRange:
     flag: str
     since: Minor
@@ -186,6 +202,8 @@ class EngineCapability:
     )
     images_without_lmcache: frozenset[str] = frozenset()
     """Image repositories kvq has no record of shipping LMCache (the stock vllm-openai)."""
+    memory_profile: MemoryProfile = DEFAULT_MEMORY_PROFILE
+    """How this version profiles memory before sizing the KV cache."""
 
     def cpu_tier_verdict(
         self, backend: OffloadBackend, image: str, platform: Platform = "cuda"
@@ -481,7 +499,15 @@ def _build_capability(raw: dict[str, Any], version: str, minor: Minor) -> Engine
         images_without_lmcache=frozenset(
             entry["image"] for entry in raw["lmcache_images"] if not entry["ok"]
         ),
+        memory_profile=_memory_profile(_one(raw["kv_memory_profile"], minor, "kv_memory_profile")),
     )
+
+
+def _memory_profile(entry: dict[str, Any]) -> MemoryProfile:
+    runner, graphs = entry["runner"], entry["graphs_subtracted"]
+    if runner not in ("v2-dense", "v2") or graphs not in ("v1-runner", "all"):
+        raise EngineVersionError(f"engine catalog: unknown kv_memory_profile {entry}")
+    return MemoryProfile(runner, graphs, _origin(entry))
 
 
 def _hardware_rules(entries: list[dict[str, Any]], minor: Minor) -> tuple[HardwareRule, ...]:

@@ -14,10 +14,11 @@ from datetime import datetime, timedelta
 
 from kvq.api import keys
 from kvq.api.resource import InferenceService
-from kvq.api.status import InferenceServiceStatus
+from kvq.api.status import FallbackAttempt, InferenceServiceStatus
 from kvq.api.tiers import TierSpec
 from kvq.catalog.engines import EngineCapability, EngineVersionError
 from kvq.catalog.models import ModelArchitecture
+from kvq.decide.accuracy import accuracy_risks
 from kvq.decide.autoscale import autoscale
 from kvq.decide.conditions import condition
 from kvq.decide.decision import Decision, build_status, rolled_out
@@ -27,13 +28,15 @@ from kvq.decide.place import RungPlacement, place_rungs
 from kvq.decide.pod_findings import EngineFindings, current_pods, examine_pods, tally_failures
 from kvq.decide.quality import QualityGate, probe_job, read_probe
 from kvq.decide.types import ObjectRef, Plan, Snapshot
-from kvq.fallback.classifier import Action
+from kvq.fallback.classifier import Action, Classification, FailureKind, dtype_cleared
 from kvq.fallback.key import ladder_key
 from kvq.fallback.ladder import (
     NONE,
     LadderInput,
     Rung,
     RuntimeVerdict,
+    UnexplainedCrash,
+    cleared_crash,
     climb,
 )
 from kvq.placement.discovery import Inventory, discover_pools
@@ -85,6 +88,10 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     findings = first
     if current is not None and placements[current].state.pool != current_pool:
         findings = _findings(snap, key, current, placements[current].state.pool)
+    retry_token, by_hand, reset_at = _retry_by_hand(snap, previous)
+    history = stored.attempts if stored else []
+    findings = _with_cleared(findings, history, key, current, reset_at, isvc.spec.kv_cache.dtype)
+    failure = findings.failure
     tally = None
     if current is not None:
         tally = tally_failures(
@@ -99,9 +106,6 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     gate = read_probe(snap, previous) if tier is None else QualityGate(None, None)
     if verdict is None and gate.verdict is not None and current is Rung.REQUESTED:
         verdict = gate.verdict
-    retry_token = isvc.metadata.annotations.get(keys.ANNOTATION_RETRY)
-    by_hand = retry_token is not None and retry_token != (stored.retry_token if stored else None)
-    reset_at = snap.now if by_hand else _reset_at(previous)
     position = climb(
         LadderInput(
             requested_dtype=isvc.spec.kv_cache.dtype,
@@ -118,6 +122,9 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
             verdict=verdict,
             policy=snap.config.ladder,
             by_hand=by_hand,
+            unexplained=UnexplainedCrash(failure.reason, failure.signature, failure.excerpt)
+            if failure is not None and failure.kind is FailureKind.UNKNOWN
+            else None,
         )
     )
     moved = bool(position.moves) or position.rung != current
@@ -130,7 +137,16 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
         ladder_reason=position.reason,
         exhausted=position.rung is None,
         moves=position.moves,
-        failure=None if (position.moves and verdict is not None) else findings.failure,
+        failure=_shown_failure(
+            position.moves,
+            verdict is not None,
+            history,
+            key,
+            position.rung,
+            reset_at,
+            findings,
+            isvc.spec.kv_cache.dtype,
+        ),
         fallback_disabled=not isvc.spec.fallback.enabled,
         tally=None if moved else tally,
         retry_token=retry_token,
@@ -182,7 +198,14 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     )
     if job is not None:
         rendered = replace(rendered, manifests=(*rendered.manifests, owned_by(isvc, job)))
-    decision = replace(decision, rendered=rendered, autoscaled=scaled)
+    decision = replace(
+        decision,
+        rendered=rendered,
+        autoscaled=scaled,
+        accuracy_risks=accuracy_risks(
+            snap.catalogs.accuracy, isvc, rendered, chosen, arch, snap.catalogs.models
+        ),
+    )
     plan = _plan(snap, previous, decision, rendered)
     return replace(plan, fetch_log_tails=findings.need_log_tails)
 
@@ -217,6 +240,16 @@ def _waiting_since(status: InferenceServiceStatus) -> datetime | None:
     return _when(placed.last_transition_time)
 
 
+def _retry_by_hand(
+    snap: Snapshot, previous: InferenceServiceStatus
+) -> tuple[str | None, bool, datetime | None]:
+    """The retry annotation, whether it is new (a person asked now), and the ladder's reset."""
+    token = snap.isvc.metadata.annotations.get(keys.ANNOTATION_RETRY)
+    stored = previous.fallback.retry_token if previous.fallback else None
+    by_hand = token is not None and token != stored
+    return token, by_hand, snap.now if by_hand else _reset_at(previous)
+
+
 def _reset_at(status: InferenceServiceStatus) -> datetime | None:
     stored = status.fallback.reset_at if status.fallback else None
     return _when(stored) if stored else None
@@ -244,7 +277,74 @@ def _runtime_verdict(
     count = getattr(tally, "count", 0)
     if failure.action is Action.FALLBACK_AFTER_REPEATS and count >= repeats:
         reason = f"{failure.reason.rstrip('.')} (the same crash {count} times)."
-        return RuntimeVerdict("Suspect", reason, failure.excerpt)
+        return RuntimeVerdict("Suspect", reason, failure.excerpt, failure.signature)
+    return None
+
+
+def _with_cleared(
+    findings: EngineFindings,
+    history: list[FallbackAttempt],
+    key: str,
+    rung: Rung | None,
+    reset_at: datetime | None,
+    dtype: str,
+) -> EngineFindings:
+    """A crash the ladder proved is not the dtype's never counts toward a fallback again."""
+    failure = findings.failure
+    if (
+        failure is None
+        or rung is None
+        or failure.action is not Action.FALLBACK_AFTER_REPEATS
+        or cleared_crash(
+            history, key=key, rung=rung, signature=failure.signature, reset_at=reset_at
+        )
+        is None
+    ):
+        return findings
+    return replace(findings, failure=dtype_cleared(failure.excerpt, failure.signature, dtype))
+
+
+def _shown_failure(
+    moves: tuple[FallbackAttempt, ...],
+    moved_on_evidence: bool,
+    history: list[FallbackAttempt],
+    key: str,
+    rung: Rung | None,
+    reset_at: datetime | None,
+    findings: EngineFindings,
+    dtype: str,
+) -> Classification | None:
+    """The failure status shows: none once a runtime move acted on it; a cleared crash while
+    the service still shows it (Degraded stays until a person fixes the cause)."""
+    cleared = _cleared_move(moves, history, key, rung, reset_at, findings)
+    if cleared is not None:
+        return dtype_cleared(cleared.evidence, cleared.signature or "", dtype)
+    return None if (moves and moved_on_evidence) else findings.failure
+
+
+def _cleared_move(
+    moves: tuple[FallbackAttempt, ...],
+    history: list[FallbackAttempt],
+    key: str,
+    rung: Rung | None,
+    reset_at: datetime | None,
+    findings: EngineFindings,
+) -> FallbackAttempt | None:
+    """The Cleared move whose crash the service still shows: made now, or the key's last move
+    while the rung it returned to is not healthy."""
+    made = next((m for m in moves if m.cause == "Cleared"), None)
+    if made is not None:
+        return made
+    if moves or rung is None or findings.healthy or findings.failure is not None:
+        return None
+    mine = [
+        a
+        for a in history
+        if a.key == key and (reset_at is None or (_when(a.time) or reset_at) >= reset_at)
+    ]
+    last = mine[-1] if mine else None
+    if last is not None and last.cause == "Cleared" and last.to == rung.value:
+        return last
     return None
 
 

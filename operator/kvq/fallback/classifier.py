@@ -12,8 +12,20 @@ action:
 - `wait`: something outside the engine that fixes itself (the Hub answering 503, a pod
   still unschedulable); the kubelet or the scheduler retries, kvq changes nothing.
 - `fix`: a cause another dtype cannot fix (credentials, disk, revision, tokenizer, NCCL,
-  GPU hardware, tensor-parallel size, memory, image, configuration, a crash after the
-  server was ready): Degraded, with what to do.
+  GPU hardware, tensor-parallel size, memory, image, configuration, a model the engine
+  cannot build from its config, a crash after the server was ready): Degraded, with what
+  to do.
+
+A model-config error (ModelConfigError) is told by where it was raised, not by its words:
+a `ValueError`, `TypeError` or validation error whose traceback runs through the building
+of the model class (`__init__` in `vllm/model_executor/models/`) or of its configuration
+(`vllm/config/`, `vllm/transformers_utils/`, transformers' `configuration_*.py`), and not
+through attention or KV-cache code, and whose message does not name the KV cache. vLLM 0.26
+on DeepSeek-V2-Lite without `n_group`/`topk_group` is one ("num_expert_group and
+topk_group must be provided when use_grouped_topk is True", raised by the fused-MoE router
+the model's `__init__` builds): the same under any dtype, so never DtypeSuspect. The
+frames come from the log, or from kvq's evidence wrapper, which writes each cause's
+innermost engine frames under it.
 
 Each family's action and remedy, and the known failure messages (a regex, the family it
 proves, the reason and its source), are data: `failures.yaml` beside this module. Known
@@ -36,9 +48,11 @@ import yaml
 from kvq.api.credentials import redact_text
 from kvq.fallback.evidence import FailureEvidence, bound_excerpt
 from kvq.fallback.log_lines import (
+    Frame,
     context_lines,
     error_lines,
     excerpt_from,
+    raising_frames,
     root_cause_index,
     sentence,
     served_before_failure,
@@ -67,6 +81,8 @@ class FailureKind(StrEnum):
     KILLED = "Killed"
     CRASH_AFTER_READY = "CrashAfterReady"
     CONFIG_ERROR = "ConfigError"
+    MODEL_CONFIG_ERROR = "ModelConfigError"
+    DTYPE_CLEARED = "DtypeCleared"
     MODEL_UNAVAILABLE = "ModelUnavailable"
     UNKNOWN = "Unknown"
 
@@ -184,6 +200,23 @@ _STOPPED = re.compile(r"signal \d+ was forwarded")
 # The engine core's busy loop dies with this (start-up failures say "failed to start"),
 # and dumps the scheduler with requests in flight.
 _DIED_SERVING = re.compile(r"encountered a fatal error|num_running_reqs=[1-9]")
+# What a model's config.json gets wrong surfaces as one of these (transformers' strict
+# config classes raise huggingface_hub's StrictDataclass...ValidationError; vLLM's pydantic
+# configs a ValidationError).
+_CONFIG_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:ValueError|TypeError|ValidationError)\b")
+# Frames that build the model class or its configuration (vLLM 0.26 and 0.32 layouts).
+_BUILDS_MODEL = re.compile(r"(?:^|/)vllm/model_executor/models/[^/]+\.py$")
+_BUILDS_CONFIG = re.compile(
+    r"(?:^|/)(?:vllm/config/[^/]+\.py|vllm/transformers_utils/(?:config\.py|configs/[^/]+\.py)"
+    r"|transformers/configuration_utils\.py|transformers/models/[^/]+/configuration_[^/]+\.py)$"
+)
+# Code whose failures can depend on the KV-cache dtype: attention layers and backends, the
+# platform's backend selection, the KV cache itself.
+# (vllm/config/cache.py holds the KV-cache dtype.)
+_DTYPE_CODE = re.compile(
+    r"(?:^|/)vllm/(?:.*attention.*|platforms/.*|.*kv_cache.*|config/cache\.py)$"
+)
+_NAMES_KV_CACHE = re.compile(r"kv[ _-]?cache|cache[ _-]dtype|CacheConfig", re.IGNORECASE)
 
 
 def classify_failure(evidence: FailureEvidence, *, kv_cache_dtype: str) -> Classification:
@@ -232,6 +265,19 @@ def classify_failure(evidence: FailureEvidence, *, kv_cache_dtype: str) -> Class
             )
         return verdict(pattern.kind, reason)
 
+    built = _model_config_error(lines, raising_frames(evidence.text), kv_cache_dtype)
+    if built is not None:
+        line = short(lines[built])
+        return Classification(
+            _K.MODEL_CONFIG_ERROR,
+            redact_text(
+                f"The engine could not build the model from its configuration ({line}); "
+                "the same happens with any KV-cache dtype."
+            ),
+            excerpt_from(lines, built),
+            signature_of(line),
+        )
+
     code = evidence.exit_code
     if code in _STOP_EXIT_CODES or _STOPPED.search(evidence.termination_message):
         return verdict(
@@ -246,6 +292,21 @@ def classify_failure(evidence: FailureEvidence, *, kv_cache_dtype: str) -> Class
             f"an error that names no known cause ({head}).",
         )
     return verdict(_K.UNKNOWN, f"The engine failed for a reason kvq does not recognise ({head}).")
+
+
+def dtype_cleared(excerpt: str, signature: str, kv_cache_dtype: str) -> Classification:
+    """A crash the ladder proved is not the dtype's: it happened under auto too."""
+    head = short(excerpt.splitlines()[0]) if excerpt else "the same error"
+    return Classification(
+        _K.DTYPE_CLEARED,
+        redact_text(
+            f"The engine crashes the same way with the auto KV cache as with the "
+            f"{kv_cache_dtype} KV cache ({head}), so the {kv_cache_dtype} KV cache is not the "
+            "cause."
+        ),
+        excerpt,
+        signature,
+    )
 
 
 def _classify_pod_level(evidence: FailureEvidence) -> Classification | None:
@@ -298,6 +359,27 @@ def _classify_pod_level(evidence: FailureEvidence) -> Classification | None:
             f"The pod was evicted: {short(evidence.pod_message)}.",
             evidence.pod_message,
         )
+    return None
+
+
+def _model_config_error(
+    lines: list[str], frames: Mapping[str, tuple[Frame, ...]], dtype: str
+) -> int | None:
+    """The first error line raised while the model class or its config was built, if any."""
+    for index, line in enumerate(lines):
+        stack = frames.get(line, ())
+        if not _CONFIG_EXCEPTION.match(line) or not stack:
+            continue
+        if _NAMES_KV_CACHE.search(line) or (dtype != "auto" and dtype.lower() in line.lower()):
+            continue
+        if any(_DTYPE_CODE.search(f.path) for f in stack):
+            continue
+        if any(
+            (_BUILDS_MODEL.search(f.path) and f.function == "__init__")
+            or _BUILDS_CONFIG.search(f.path)
+            for f in stack
+        ):
+            return index
     return None
 
 

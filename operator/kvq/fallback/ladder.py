@@ -10,7 +10,12 @@ One function, `climb`, makes every move, static or runtime:
 - down when no pool can run a rung at all (`Incompatible`), or cannot run it now and the
   grace period has passed (`Capacity`);
 - back up when a higher rung can run again (`Recovered`) or a suspect rung's back-off is
-  over (`Retry`).
+  over (`Retry`);
+- back up when the crash that caused a `Suspect` move happens again on the rung it fell
+  back to (`Cleared`): the same crash under `auto` proves the dtype was not its cause, so
+  the ladder returns to the dtype it left, and that crash (its signature, kept in the
+  attempt) never moves the ladder again for the key: no retry loop, and the service stays
+  `Degraded` (DtypeCleared) until a person fixes the cause.
 
 Moves are keyed to the ladder key (what decides whether the engine accepts the dtype), not
 to the spec's generation: replicas, labels and annotations never reset the ladder. Every
@@ -77,6 +82,18 @@ class RuntimeVerdict:
     """Refused or Suspect (QualityRegression from the quality gate)."""
     reason: str
     evidence: str = ""
+    signature: str = ""
+    """Suspect: the crash's signature (normalised root-cause line)."""
+
+
+@dataclass(frozen=True)
+class UnexplainedCrash:
+    """A crash of the current rung's engines that names no known cause and moves nothing by
+    itself (under auto, a crash kvq does not recognise)."""
+
+    reason: str
+    signature: str
+    evidence: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,9 @@ class LadderInput:
     policy: LadderPolicy = field(default_factory=LadderPolicy)
     by_hand: bool = False
     """A person asked to try the requested dtype again (`reset_at` is now)."""
+    unexplained: UnexplainedCrash | None = None
+    """An unknown crash of the current rung: if it is the crash a Suspect move fell back
+    from, the dtype was not the cause (a `Cleared` move back)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +162,8 @@ def climb(inp: LadderInput) -> LadderPosition:
     runtime = None
     if inp.verdict is not None and current is not None:
         runtime = _runtime_move(inp, current, inp.verdict, binding)
+    elif inp.unexplained is not None and current is not None:
+        runtime = _cleared_move(inp, current, inp.unexplained, binding)
     considered = [*binding, *([runtime] if runtime else [])]
     blocked = {rung: a for rung in order if (a := _blocking(inp, rung, considered))}
 
@@ -179,6 +201,28 @@ def label(rung: Rung, requested_dtype: str) -> str:
     return "the AWQ model with the auto KV cache"
 
 
+def cleared_crash(
+    history: Sequence[FallbackAttempt],
+    *,
+    key: str,
+    rung: Rung,
+    signature: str,
+    reset_at: datetime | None = None,
+) -> FallbackAttempt | None:
+    """The `Cleared` move that proved a crash with `signature` on `rung` is not the dtype's
+    (None: that crash still counts toward a Suspect fallback)."""
+    for attempt in reversed(history):
+        binds = attempt.key == key and (reset_at is None or _when(attempt.time) >= reset_at)
+        if (
+            binds
+            and attempt.cause == "Cleared"
+            and attempt.signature == signature
+            and _cleared_rung(attempt) == rung.value
+        ):
+            return attempt
+    return None
+
+
 def retry_after(policy: LadderPolicy, suspect_moves: int) -> timedelta:
     """The back-off before the `suspect_moves`-th retry (1-based), doubling, capped."""
     backoff: timedelta = policy.retry_after * (2 ** max(suspect_moves - 1, 0))
@@ -203,7 +247,11 @@ def _blocking(
     refused = [a for a in against if a.cause in ("Refused", "QualityRegression")]
     if refused:
         return refused[-1]
-    suspects = [a for a in against if a.cause == "Suspect"]
+    # A Suspect move whose crash was cleared (seen again under auto) binds nothing.
+    cleared = {(_cleared_rung(a), a.signature) for a in considered if a.cause == "Cleared"}
+    suspects = [
+        a for a in against if a.cause == "Suspect" and (a.from_, a.signature) not in cleared
+    ]
     if not suspects:
         return None
     last = suspects[-1]
@@ -219,8 +267,15 @@ def _runtime_move(
     current: Rung,
     verdict: RuntimeVerdict,
     binding: Sequence[FallbackAttempt],
-) -> FallbackAttempt:
+) -> FallbackAttempt | None:
     """The move the engines' evidence forces; its destination is filled in by `_moves`."""
+    if verdict.cause == "Suspect" and any(
+        a.cause == "Cleared"
+        and a.signature == verdict.signature
+        and _cleared_rung(a) == current.value
+        for a in binding
+    ):
+        return None  # this crash was proven not the dtype's: it never moves the ladder
     pool = inp.states[current].pool
     earlier = [
         a for a in binding if a.from_ == current.value and a.cause == "Suspect" and a.pool == pool
@@ -236,7 +291,52 @@ def _runtime_move(
     else:
         reason = verdict.reason
     text = f"{_cap(label(current, inp.requested_dtype))} cannot run: {_lower(reason)}"
-    return _attempt(inp, current, None, verdict.cause, text, evidence=verdict.evidence, due=due)
+    return _attempt(
+        inp,
+        current,
+        None,
+        verdict.cause,
+        text,
+        evidence=verdict.evidence,
+        due=due,
+        signature=verdict.signature if verdict.cause == "Suspect" else None,
+    )
+
+
+def _cleared_move(
+    inp: LadderInput,
+    current: Rung,
+    crash: UnexplainedCrash,
+    binding: Sequence[FallbackAttempt],
+) -> FallbackAttempt | None:
+    """Back from a Suspect fallback whose crash happened again here, once."""
+    fled = next(
+        (
+            a
+            for a in reversed(binding)
+            if a.cause == "Suspect" and a.to == current.value and a.signature == crash.signature
+        ),
+        None,
+    )
+    if fled is None or any(
+        a.cause == "Cleared" and a.signature == crash.signature and _cleared_rung(a) == fled.from_
+        for a in binding
+    ):
+        return None
+    back = Rung(fled.from_)
+    reason = (
+        f"{_cap(label(current, inp.requested_dtype))} crashed the same way as "
+        f"{label(back, inp.requested_dtype)} did ({_lower(crash.reason).rstrip(' .')}), "
+        "so the KV-cache dtype is not the cause"
+    )
+    return _attempt(
+        inp, current, back, "Cleared", reason, evidence=crash.evidence, signature=crash.signature
+    )
+
+
+def _cleared_rung(attempt: FallbackAttempt) -> str:
+    """The rung a Cleared move cleared: where it went back to (it is recorded only then)."""
+    return attempt.to
 
 
 def _moves(
@@ -249,6 +349,14 @@ def _moves(
 ) -> list[FallbackAttempt]:
     """The move from where the ladder stood to `position`, recorded once."""
     start = current or Rung.REQUESTED
+    if runtime is not None and runtime.cause == "Cleared":
+        if position.value != runtime.to:
+            return []  # the cleared rung cannot run now: recorded once it can
+        reason = (
+            f"{runtime.reason.rstrip(' .')}; back to {label(position, inp.requested_dtype)}, "
+            "and this crash never moves the ladder again."
+        )
+        return [runtime.model_copy(update={"to": position.value, "reason": reason})]
     if runtime is not None:
         return [_destined(inp, runtime, position)]
     if position == start:
@@ -302,7 +410,7 @@ def _exhausted(
             f"{label(rung, inp.requested_dtype)}: {_lower(why or 'it cannot run').rstrip('. ')}"
         )
     reason = "No rung of the fallback ladder can run (" + "; ".join(parts) + ")."
-    if runtime is not None:
+    if runtime is not None and runtime.cause != "Cleared":
         return LadderPosition(None, (_destined(inp, runtime, None),), reason=reason)
     if considered and considered[-1].to == NONE:
         return LadderPosition(None, (), reason=reason)  # already recorded
@@ -328,6 +436,7 @@ def _attempt(
     *,
     evidence: str = "",
     due: datetime | None = None,
+    signature: str | None = None,
 ) -> FallbackAttempt:
     return FallbackAttempt.model_validate(
         {
@@ -341,6 +450,7 @@ def _attempt(
             "key": inp.key,
             "pool": inp.states[from_rung].pool,
             "retryAfter": rfc3339(due) if due else None,
+            "signature": signature,
         }
     )
 

@@ -9,6 +9,7 @@ on what is left.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from kvq.api.credentials import redact_text
 from kvq.fallback.evidence import bound_excerpt
@@ -40,6 +41,21 @@ _SERVER_READY = re.compile(r"Application startup complete")
 _VOLATILE = re.compile(r"0x[0-9a-f]+|\d+(?:\.\d+)?|[0-9a-f]{8,}", re.IGNORECASE)
 SIGNATURE_LIMIT = 200
 _CONTEXT_LINE_LIMIT = 1000
+# Which process printed a line: vLLM's API server, engine core and workers interleave.
+_PROCESS = re.compile(r"^(?:[\w.-]+\s+\|\s)?(\([\w .=-]+ pid=\d+\))?")
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
+_FRAME = re.compile(r'^File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+# Installed packages are named from their package directory on.
+_INSTALLED = re.compile(r"^.*/(?:site|dist)-packages/")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a traceback: `vllm/model_executor/models/llama.py`, 114, `__init__`."""
+
+    path: str
+    line: int
+    function: str
 
 
 def error_lines(text: str) -> list[str]:
@@ -58,6 +74,45 @@ def error_lines(text: str) -> list[str]:
         seen.add(line)
         out.append(line)
     return out
+
+
+def raising_frames(text: str) -> dict[str, tuple[Frame, ...]]:
+    """The traceback frames of each error line (as `error_lines` writes it), innermost last.
+
+    Two layouts: a log prints a traceback's frames before its exception line (after
+    "Traceback (most recent call last):"); kvq's evidence wrapper writes a cause's frames
+    after it, indented. Lines of different processes are kept apart, and tracebacks logged
+    at a quiet level (a warning that recovered) are skipped.
+    """
+    pending: dict[str, list[Frame]] = {}
+    last: dict[str, str | None] = {}
+    found: dict[str, list[Frame]] = {}
+    for raw in text.splitlines():
+        process = _PROCESS.match(raw)
+        tag = (process.group(1) if process else None) or ""
+        match = _LOG_PREFIX.match(raw)
+        level = match.group("level") if match else None
+        if level in _QUIET_LEVELS:
+            continue
+        line = raw[match.end() if match else 0 :].strip()
+        if _TRACEBACK.match(line):
+            pending[tag], last[tag] = [], None
+            continue
+        frame = _FRAME.match(line)
+        if frame is not None:
+            parsed = Frame(_INSTALLED.sub("", frame["path"]), int(frame["line"]), frame["function"])
+            owner = last.get(tag)
+            if owner is not None:
+                found[owner].append(parsed)  # the wrapper's layout: frames after the cause
+            else:
+                pending.setdefault(tag, []).append(parsed)
+            continue
+        if _ERROR_LINE.search(line):
+            frames = pending.pop(tag, [])
+            if len(frames) >= len(found.get(line, [])):
+                found[line] = frames
+            last[tag] = line
+    return {line: tuple(frames) for line, frames in found.items()}
 
 
 def context_lines(text: str) -> list[str]:

@@ -60,6 +60,10 @@ class PoolRequest:
     """The engine container's memory request: one node must have it allocatable."""
     host_tier_bytes: int = 0
     """The part of it that is the KV cache's CPU tier (memory.swapSpaceGiB x GPUs)."""
+    hybrid_kv_cache_manager: bool = True
+    """False when spec.engine.extraArgs has --disable-hybrid-kv-cache-manager."""
+    kv_cache_dtype_skip_layers: tuple[str, ...] = ()
+    """spec.engine.extraArgs' --kv-cache-dtype-skip-layers: layers kept at the model dtype."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,9 @@ def _judge(
         block_size=request.block_size or DEFAULT_BLOCK_SIZE,
         max_num_seqs=request.max_num_seqs,
         weight_format=request.weight_format,
+        hybrid_kv_cache_manager=request.hybrid_kv_cache_manager,
+        kv_cache_dtype_skip_layers=request.kv_cache_dtype_skip_layers,
+        memory_profile=capability.memory_profile,
     )
     if not plan.fits:
         reasons.append(plan.reason or "the model does not fit")

@@ -7,7 +7,12 @@ from pathlib import Path
 
 from kvq.api.architecture import ArchitectureSpec
 from kvq.api.model import ModelSpec
-from kvq.catalog.models import ModelArchitecture, ModelCatalog, architecture_from_hf_config
+from kvq.catalog.models import (
+    ModelArchitecture,
+    ModelCatalog,
+    RecurrentState,
+    architecture_from_hf_config,
+)
 
 
 class UnknownModelError(LookupError):
@@ -25,6 +30,8 @@ def architecture_from_spec(spec: ArchitectureSpec) -> ModelArchitecture:
     heads = spec.num_attention_heads or kv_heads
     head_dim = spec.head_dim or (spec.kv_lora_rank or 64)
     hidden = spec.hidden_size or heads * head_dim
+    state = spec.state
+    experts = spec.num_experts or 1
     return ModelArchitecture(
         num_layers=spec.num_layers,
         num_attention_heads=heads,
@@ -37,6 +44,33 @@ def architecture_from_spec(spec: ArchitectureSpec) -> ModelArchitecture:
         kv_lora_rank=spec.kv_lora_rank,
         rope_head_dim=spec.rope_head_dim,
         num_params=spec.num_params,
+        sliding_window=spec.sliding_window,
+        layer_types=tuple(spec.layer_types or ()),
+        layer_windows=tuple(spec.layer_windows or ()),
+        attention_chunk_size=spec.attention_chunk_size,
+        num_experts=experts,
+        num_experts_per_tok=spec.num_experts_per_tok or 1,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        num_shared_experts=spec.num_shared_experts or 0,
+        shared_expert_intermediate_size=spec.shared_expert_intermediate_size,
+        state=None
+        if state is None
+        else RecurrentState(
+            kind=state.kind,
+            conv_kernel=state.conv_kernel,
+            intermediate_size=state.intermediate_size,
+            state_size=state.state_size,
+            n_groups=state.n_groups,
+            num_heads=state.num_heads,
+            head_dim=state.head_dim,
+            num_k_heads=state.num_k_heads,
+            num_v_heads=state.num_v_heads,
+            head_k_dim=state.head_k_dim,
+            head_v_dim=state.head_v_dim,
+            ssm_dtype=state.ssm_dtype,
+        ),
+        # vLLM picks its V1 runner for MoE and hybrid models; the class name is not needed.
+        hf_architecture=None,
     )
 
 

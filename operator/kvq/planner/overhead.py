@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from kvq.catalog.engines import DEFAULT_MEMORY_PROFILE, MemoryProfile
 from kvq.catalog.gpus import GpuModel
 from kvq.catalog.models import ModelArchitecture
 from kvq.planner.kv import kv_heads_per_gpu
@@ -26,7 +27,18 @@ MIB: Final = 1 << 20
 
 _ACT_BYTES: Final = 2  # bf16 / fp16 activations
 _LOGITS_FP32_BYTES: Final = 4  # the sampler copies logits to float32
-_FUSED_MOE_CHUNK: Final = 32768  # VLLM_FUSED_MOE_CHUNK_SIZE: fused MoE runs in token chunks
+# Streaming multiprocessors sizing the V1 sampler's Triton top-k/top-p buffer (H100/H200: 132).
+_SM_COUNT: Final = 132
+# config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES (vLLM 0.26.0): MoE classes on V2.
+_V2_MOE_ARCHITECTURES: Final = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "GraniteMoeForCausalLM",
+        "InklingForCausalLM",
+        "LongcatFlashNgramForCausalLM",
+        "Qwen2MoeForCausalLM",
+    }
+)
 
 # CUDA reports less memory than the driver: H200 143771 -> 143155 MiB (0.43%, our H200
 # log), H100 81559 -> 81121 MiB (0.54%, vLLM PR #10511). Rows without a measurement
@@ -41,6 +53,14 @@ CUDA_CONTEXT_BYTES: Final = round(0.51 * GIB)
 # H200 Llama-3-8B run; scaled by graphs x layers. Only used for the headroom warning.
 _CUDAGRAPH_BYTES_PER_GRAPH_LAYER: Final = round(0.99 * GIB / (2 * 51 * 32))
 
+# V1's profiled estimate per graph (FULL and PIECEWISE per capture size), fitted on one
+# point: Qwen3-30B-A3B on the H200 (vLLM 0.26.0, 102 graphs) left 0.67 GiB less KV memory
+# than weights + activation + non-torch explain.
+_CUDAGRAPH_ESTIMATE_PER_GRAPH: Final = round(0.67 * GIB / 102)
+
+# config/attention.py flash_attn_max_num_splits_for_cuda_graph (vLLM 0.26.0).
+_FA_MAX_SPLITS: Final = 32
+
 # vLLM's scheduler defaults (engine/arg_utils.py `get_batch_defaults`): GPUs with at least
 # 70 GiB that are not an A100 get the large budget.
 _LARGE_GPU_BYTES: Final = 70 * GIB
@@ -52,6 +72,7 @@ _BATCH_DEFAULTS: Final = {
 }
 
 Usage = Literal["serve", "offline"]
+ModelRunner = Literal["v1", "v2"]
 
 
 @dataclass(frozen=True)
@@ -94,58 +115,186 @@ def _dense_mlp_width(arch: ModelArchitecture, tp: int) -> int:
     return 3 * -(-arch.intermediate_size // tp)
 
 
-def _moe_bytes(arch: ModelArchitecture, tp: int, tokens: int) -> int:
-    """Fused-MoE caches: per routed copy of a token 2I + I (gate_up, act) and H (output)."""
+def held_moe_workspace_bytes(arch: ModelArchitecture, tp: int, tokens: int) -> int:
+    """The part of the fused-MoE memory still allocated after the forward pass: the
+    modular kernels' WorkspaceManager buffer. MXFP4 experts on Hopper run the monolithic
+    Triton kernel (fused_moe/oracle/mxfp4.py: TRITON before the CUTLASS and Marlin paths;
+    OAITritonMxfp4ExpertsMonolithic first), which allocates inside the kernel and keeps
+    nothing (assumed; not yet checked against a gpt-oss log)."""
+    if arch.weight_quantization == "mxfp4":
+        return 0
+    return moe_workspace_bytes(arch, tp, tokens)
+
+
+def moe_workspace_bytes(arch: ModelArchitecture, tp: int, tokens: int) -> int:
+    """The fused-MoE workspace (Triton experts), allocated once and kept for the process.
+
+    TritonExperts.workspace_shapes (fused_moe/experts/triton_moe.py, vLLM 0.26.0): workspace13
+    (M, topk, max(I, K)) shared with the (M, K) output, workspace2 (M, topk, max(2I, K)), in
+    the activation dtype, for all M tokens at once (0.26 no longer chunks by
+    VLLM_FUSED_MOE_CHUNK_SIZE); the WorkspaceManager (v1/worker/workspace.py) keeps the buffer,
+    so it is still allocated while the sampler runs.
+    """
+    if not arch.is_moe:
+        return 0
     expert = -(-(arch.moe_intermediate_size or arch.intermediate_size) // tp)
-    chunk = min(tokens, _FUSED_MOE_CHUNK)
-    routed = chunk * arch.num_experts_per_tok * (3 * expert + arch.hidden_size) * _ACT_BYTES
+    k, topk = arch.hidden_size, arch.num_experts_per_tok
+    ws13 = max(tokens * topk * max(expert, k), tokens * k) * _ACT_BYTES
+    ws2 = tokens * topk * max(2 * expert, k) * _ACT_BYTES
+    return _round_up(ws13, 256) + _round_up(ws2, 256)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _moe_transient_bytes(arch: ModelArchitecture, tp: int, tokens: int) -> int:
+    """Besides the workspace: router logits (bf16), top-k weights and ids, shared experts."""
     shared_width = arch.num_shared_experts * (
         arch.shared_expert_intermediate_size or arch.moe_intermediate_size or 0
     )
     shared = tokens * 3 * -(-shared_width // tp) * _ACT_BYTES
-    router_logits = tokens * arch.num_experts * _LOGITS_FP32_BYTES
-    return routed + shared + router_logits
+    router = tokens * arch.num_experts * _ACT_BYTES + tokens * arch.num_experts_per_tok * 8
+    return shared + router
 
 
 def forward_peak_bytes(arch: ModelArchitecture, tensor_parallel: int, tokens: int) -> int:
     """Torch peak of one forward pass over `tokens` tokens: residual stream + widest transient."""
     residual = tokens * arch.hidden_size * _ACT_BYTES
     transient = tokens * _attention_width(arch, tensor_parallel) * _ACT_BYTES
-    if not arch.is_moe or arch.first_k_dense_replace > 0:
+    mlps = set(arch.mlp_kinds)
+    if "dense" in mlps:
         dense = tokens * _dense_mlp_width(arch, tensor_parallel) * _ACT_BYTES
         transient = max(transient, dense)
-    if arch.is_moe:
-        transient = max(transient, _moe_bytes(arch, tensor_parallel, tokens))
+    if "moe" in mlps:
+        moe = moe_workspace_bytes(arch, tensor_parallel, tokens)
+        transient = max(transient, moe + _moe_transient_bytes(arch, tensor_parallel, tokens))
     return residual + transient
 
 
 def sampler_peak_bytes(
-    arch: ModelArchitecture, tensor_parallel: int, tokens: int, max_num_seqs: int
+    arch: ModelArchitecture,
+    tensor_parallel: int,
+    tokens: int,
+    max_num_seqs: int,
+    runner: ModelRunner = "v2",
 ) -> int:
-    """Sampler dummy run: bf16 logits (gathered across ranks) and their float32 copy,
-    while the forward pass's hidden states are still referenced."""
+    """The sampler's dummy run over `min(max_num_seqs, tokens)` rows of logits, while the
+    forward pass's hidden states (and any MoE workspace) are still allocated.
+
+    V2 runner (v1/worker/gpu/sample/sampler.py): bf16 logits, sampled in place.
+    V1 runner (v1/sample/sampler.py + ops/topk_topp_sampler.py, forward_native as the GPU
+    tier runs it with VLLM_USE_FLASHINFER_SAMPLER=0): the bf16 logits stay referenced while
+    a float32 copy, the float32 softmax and the float32 exponential noise are alive, plus
+    the Triton top-k/top-p buffer (min(rows, SMs) x vocab float32, cached).
+    """
     rows = min(max_num_seqs, tokens)
     hidden = tokens * arch.hidden_size * _ACT_BYTES
     shard = 0 if tensor_parallel == 1 else rows * -(-arch.vocab_size // tensor_parallel) * 2
-    logits = rows * arch.vocab_size * (_ACT_BYTES + _LOGITS_FP32_BYTES)
-    return hidden + shard + logits
+    if runner == "v2":
+        return hidden + shard + rows * arch.vocab_size * _ACT_BYTES
+    logits = rows * arch.vocab_size * (_ACT_BYTES + 3 * _LOGITS_FP32_BYTES)
+    triton = min(rows, _SM_COUNT) * arch.vocab_size * _LOGITS_FP32_BYTES
+    workspace = held_moe_workspace_bytes(arch, tensor_parallel, tokens)
+    return hidden + shard + logits + triton + workspace
 
 
 def activation_peak_bytes(
-    arch: ModelArchitecture, tensor_parallel: int, max_num_batched_tokens: int, max_num_seqs: int
+    arch: ModelArchitecture,
+    tensor_parallel: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    runner: ModelRunner | None = None,
 ) -> int:
     """What vLLM logs as "peak activation": the larger of forward and sampler peaks."""
+    runner = runner or model_runner(arch)
     return max(
         forward_peak_bytes(arch, tensor_parallel, max_num_batched_tokens),
-        sampler_peak_bytes(arch, tensor_parallel, max_num_batched_tokens, max_num_seqs),
+        sampler_peak_bytes(arch, tensor_parallel, max_num_batched_tokens, max_num_seqs, runner),
     )
 
 
-def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:
-    """Batch sizes vLLM captures: 1, 2, 4, then every 8 to 256, every 16 to the cap."""
-    cap = min(2 * max_num_seqs, 512)
-    sizes = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)]
+def model_runner(
+    arch: ModelArchitecture, profile: MemoryProfile = DEFAULT_MEMORY_PROFILE
+) -> ModelRunner:
+    """Which GPU model runner vLLM picks. 0.26 (config/vllm.py
+    `_is_default_v2_model_runner_model`): V2 for dense models and the listed MoE classes,
+    V1 for other MoE models and for Mamba / linear-attention hybrids; 0.32: V2."""
+    if profile.runner == "v2":
+        return "v2"
+    if arch.is_hybrid:
+        return "v1"
+    if arch.is_moe and arch.hf_architecture not in _V2_MOE_ARCHITECTURES:
+        return "v1"
+    return "v2"
+
+
+def cudagraph_capture_sizes(max_num_seqs: int, largest: int = 512) -> list[int]:
+    """Batch sizes vLLM captures: 1, 2, 4, then every 8 below 256, every 16 from 256 to the
+    cap, min(2 x max_num_seqs, 512) (config/vllm.py `_set_cudagraph_sizes`)."""
+    cap = min(2 * max_num_seqs, largest)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)]
     return [s for s in sizes if s <= cap]
+
+
+def cudagraph_modes(arch: ModelArchitecture) -> int:
+    """How many graphs vLLM captures per size: FULL and PIECEWISE, or PIECEWISE alone when
+    an attention backend cannot be captured whole. Chunked local attention (Llama-4) is
+    AttentionCGSupport.NEVER, so vLLM logs "setting cudagraph_mode=PIECEWISE"
+    (config/compilation.py)."""
+    return 1 if "chunked_attention" in arch.layer_kinds else 2
+
+
+def mla_split_accumulator_bytes(
+    arch: ModelArchitecture, tensor_parallel: int, largest: int, gpu: GpuModel | None
+) -> int:
+    """FlashAttention-MLA's split-KV buffers in the first FULL graph's capture.
+
+    With FULL graphs the backend fixes the split count at
+    `flash_attn_max_num_splits_for_cuda_graph` (32, config/attention.py) so that "the
+    intermediate buffers of size [num_splits, num_heads, num_tokens, head_size] are
+    allocated" at capture (v1/attention/backends/mla/flashattn_mla.py): float32 output
+    (head size kv_lora_rank) and log-sum-exp, for the largest capture size. FLASH_ATTN_MLA
+    is the backend vLLM picks on Hopper (cc 9.x); elsewhere kvq adds nothing.
+    """
+    if arch.attention != "mla" or gpu is None or gpu.compute_capability[0] != 9:
+        return 0
+    assert arch.kv_lora_rank is not None
+    heads = -(-arch.num_attention_heads // tensor_parallel)
+    return _FA_MAX_SPLITS * largest * heads * (arch.kv_lora_rank + 1) * _LOGITS_FP32_BYTES
+
+
+def cudagraph_estimate_bytes(
+    arch: ModelArchitecture,
+    max_num_seqs: int,
+    runner: ModelRunner,
+    profile: MemoryProfile = DEFAULT_MEMORY_PROFILE,
+    *,
+    tensor_parallel: int = 1,
+    gpu: GpuModel | None = None,
+) -> int:
+    """CUDA-graph memory vLLM subtracts before sizing the KV cache.
+
+    vLLM 0.26 profiles graph memory (gpu_worker.py determine_available_memory,
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default) and subtracts it, but only the V1
+    runner measures anything: the V2 runner's profile_cudagraph_memory returns 0
+    (v1/worker/gpu/model_runner.py); from 0.32 both runners measure (engines.yaml
+    kv_memory_profile). The V1 runner (gpu_model_runner.py profile_cudagraph_memory)
+    captures the two largest sizes of each mode and charges the first capture once plus
+    the second's increase for every other graph. kvq charges the fitted 6.7 MiB per graph
+    (no rule in the source: it is what the capture allocates) plus, for MLA on Hopper, the
+    split-KV accumulators of the first FULL capture. gpt-oss captures up to 1,024 tokens
+    (models/config.py GptOssForCausalLMConfig), other models up to 512.
+    """
+    if runner == "v2" and profile.graphs_subtracted == "v1-runner":
+        return 0
+    largest = 1024 if arch.hf_architecture == "GptOssForCausalLM" else 512
+    sizes = cudagraph_capture_sizes(max_num_seqs, largest)
+    modes = cudagraph_modes(arch)
+    split = 0
+    if modes == 2 and sizes:
+        split = mla_split_accumulator_bytes(arch, tensor_parallel, sizes[-1], gpu)
+    return modes * len(sizes) * _CUDAGRAPH_ESTIMATE_PER_GRAPH + split
 
 
 def cudagraph_bytes(arch: ModelArchitecture, max_num_seqs: int) -> int:

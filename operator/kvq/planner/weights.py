@@ -30,6 +30,9 @@ class ParameterCounts:
 
     linear: int
     other: int
+    experts: int = (
+        0  # the routed experts' share of `linear` (MXFP4 checkpoints quantize only these)
+    )
 
     @property
     def total(self) -> int:
@@ -69,27 +72,62 @@ def _mlp_counts(arch: ModelArchitecture, tp: int, moe_layer: bool) -> ParameterC
         return ParameterCounts(3 * h * arch.intermediate_size // tp, 0)
     expert = arch.moe_intermediate_size or arch.intermediate_size
     shared = arch.shared_expert_intermediate_size or expert
-    linear = (arch.num_experts * 3 * h * expert + arch.num_shared_experts * 3 * h * shared) // tp
-    return ParameterCounts(linear, h * arch.num_experts)  # router stays replicated
+    routed = arch.num_experts * 3 * h * expert // tp
+    linear = routed + arch.num_shared_experts * 3 * h * shared // tp
+    return ParameterCounts(linear, h * arch.num_experts, routed)  # router stays replicated
+
+
+def _state_mixer_counts(arch: ModelArchitecture, tp: int) -> ParameterCounts:
+    """One Mamba / gated-delta-net mixer (in/out projections, conv, per-head parameters)."""
+    state = arch.state
+    assert state is not None
+    h = arch.hidden_size
+    if state.kind == "gated_delta_net":
+        assert state.num_k_heads and state.num_v_heads and state.head_k_dim and state.head_v_dim
+        key = state.num_k_heads * state.head_k_dim
+        value = state.num_v_heads * state.head_v_dim
+        conv = 2 * key + value
+        linear = (h * (2 * key + 2 * value + 2 * state.num_v_heads) + value * h) // tp
+        other = (conv * state.conv_kernel + 2 * state.num_v_heads) // tp + state.head_v_dim
+        return ParameterCounts(linear, other)
+    assert state.intermediate_size is not None and state.state_size is not None
+    inner = state.intermediate_size
+    if state.kind == "mamba2":
+        assert state.num_heads is not None
+        conv = inner + 2 * state.n_groups * state.state_size
+        linear = (h * (inner + conv + state.num_heads) + inner * h) // tp
+        other = (conv * state.conv_kernel + 3 * state.num_heads + inner) // tp
+        return ParameterCounts(linear, other)
+    dt_rank = -(-h // 16)
+    linear = (h * 2 * inner + inner * (dt_rank + 2 * state.state_size) + dt_rank * inner) // tp
+    linear += inner * h // tp
+    other = (inner * state.conv_kernel + inner * state.state_size + 2 * inner) // tp
+    return ParameterCounts(linear, other)
 
 
 def parameter_counts_per_gpu(arch: ModelArchitecture, tensor_parallel: int = 1) -> ParameterCounts:
-    """Parameters one rank holds, derived from the shape (vocab padded as vLLM pads it)."""
+    """Parameters one rank holds, derived from the shape (vocab padded as vLLM pads it):
+    each layer's mixer (attention or Mamba state) and its MLP (dense, experts or none)."""
     tp = tensor_parallel
     attn = _attention_counts(arch, tp)
-    moe_layers = arch.num_layers - arch.first_k_dense_replace if arch.is_moe else 0
-    dense = _mlp_counts(arch, tp, moe_layer=False)
-    moe = _mlp_counts(arch, tp, moe_layer=True)
-    linear = (
-        arch.num_layers * attn.linear
-        + (arch.num_layers - moe_layers) * dense.linear
-        + moe_layers * moe.linear
-    )
+    mlp = {
+        "dense": _mlp_counts(arch, tp, moe_layer=False),
+        "moe": _mlp_counts(arch, tp, moe_layer=True) if arch.is_moe else ParameterCounts(0, 0),
+        "none": ParameterCounts(0, 0),
+    }
+    state = _state_mixer_counts(arch, tp) if arch.state is not None else ParameterCounts(0, 0)
+    linear = other = experts = 0
+    for kind, mlp_kind in zip(arch.layer_kinds, arch.mlp_kinds, strict=True):
+        mixer = {"mamba": state, "linear_attention": state, "mlp": ParameterCounts(0, 0)}.get(
+            kind, attn
+        )
+        linear += mixer.linear + mlp[mlp_kind].linear
+        other += mixer.other + mlp[mlp_kind].other
+        experts += mlp[mlp_kind].experts
     norms = (2 * arch.num_layers + 1) * arch.hidden_size
-    other = arch.num_layers * attn.other + moe_layers * moe.other + norms
     vocab_rows = _ceil_div(_ceil_div(arch.vocab_size, _VOCAB_PADDING) * _VOCAB_PADDING, tp)
     embeddings = vocab_rows * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
-    return ParameterCounts(linear, other + embeddings)
+    return ParameterCounts(linear, other + norms + embeddings, experts)
 
 
 def parameter_count(arch: ModelArchitecture) -> int:
@@ -107,7 +145,25 @@ def weight_bytes_per_gpu(
     if arch.num_params is not None:
         # Keep the derived split between layers, scaled to the stated total.
         scale = arch.num_params / parameter_counts_per_gpu(arch, 1).total
-        counts = ParameterCounts(round(counts.linear * scale), round(counts.other * scale))
+        counts = ParameterCounts(
+            round(counts.linear * scale), round(counts.other * scale), round(counts.experts * scale)
+        )
     if weight_format == "awq":
         return counts.linear * _AWQ_NUM // _AWQ_DEN + counts.other * _HALF_BYTES
+    if arch.weight_quantization == "fp8":
+        # Block FP8 checkpoints (DeepSeek-V3): 1 byte per linear weight + a float32 scale
+        # per 128 x 128 block; embeddings, lm_head and norms stay 16-bit.
+        return counts.linear + counts.linear // (128 * 128) * 4 + counts.other * _HALF_BYTES
+    if arch.weight_quantization == "mxfp4":
+        # MXFP4 experts (gpt-oss): 4-bit values + one 8-bit scale per 32 = 17/32 byte.
+        dense = counts.linear - counts.experts
+        return counts.experts * 17 // 32 + (dense + counts.other) * _HALF_BYTES
     return counts.total * _HALF_BYTES
+
+
+def rope_cache_bytes(arch: ModelArchitecture) -> int:
+    """The rotary cos/sin tables vLLM registers as buffers while loading the model: part
+    of "Model loading took", on every rank (layers/rotary_embedding/base.py: a
+    (positions, rotary_dim) cache cast to the model dtype). Llama-4's 10,485,760 positions
+    x 128 are 2.5 GiB; Gemma-3's linear x8 table 0.5 GiB."""
+    return sum(positions * rotary for positions, rotary in arch.rope_tables) * _HALF_BYTES

@@ -9,7 +9,10 @@ last 2,048 bytes / 80 lines of the log, and a vLLM start-up crash buries its roo
 tracebacks. This wrapper passes the engine's output through unchanged, remembers the
 lines that name an error, and on a non-zero exit writes a short summary (at most 4 KiB:
 the exit code and the deduplicated root-cause lines, most specific first) to the
-termination log, which the operator reads from the pod status.
+termination log, which the operator reads from the pod status. Under each specific cause
+it writes the innermost frames of the engine's packages that raised it (`File "vllm/...",
+line N, in f`): where an error was raised (building the model class, its config, the
+attention backend) tells the operator what it is when the words do not.
 
 Stdlib only: it runs under the engine image's own python3. Environment:
   KVQ_TERMINATION_LOG   where to write the summary (default /dev/termination-log)
@@ -32,6 +35,8 @@ MAX_CAUSES = 64
 TAIL_LINES = 12
 FOLLOW_LINES = 30
 MAX_CONTEXT = 3
+# Frames kept per cause: the innermost ones of the engine's own packages.
+MAX_FRAMES = 6
 _MAX_PENDING = 1 << 16
 PUMP_GRACE_SECONDS = 10.0
 
@@ -52,6 +57,11 @@ _OTHER_CAUSES = re.compile(
 # uvicorn's line once the server listens: a failure after it is not a start-up failure.
 SERVING_MARKER = "Application startup complete"
 _CONTEXT = re.compile(r"^\s*(Explanation: .*|assert .*)$")
+_PROCESS_TAG = re.compile(r"^(\([\w.\-]+(?: pid=\d+)?\))")
+_TRACEBACK = re.compile(r"^\s*Traceback \(most recent call last\):")
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
+# The engine's packages (installed: named from the package directory on).
+_ENGINE_FRAME = re.compile(r"(?:^|/)(?:site|dist)-packages/(?P<module>(?:vllm|transformers)/.*)$")
 # Lines that only point elsewhere ("see root cause above"): shown after specific ones.
 _GENERIC = re.compile(
     r"(root cause|see stack trace|See stack trace|initialization failed|EngineDeadError|"
@@ -67,6 +77,7 @@ class Cause:
     order: int
     generic: bool
     context: list[str] = field(default_factory=list)
+    frames: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -79,11 +90,27 @@ class Evidence:
     _following: Cause | None = None
     _follow_left: int = 0
     _seen: int = 0
+    # The engine frames of the traceback each process is printing, innermost last.
+    _frames: dict[str, list[str]] = field(default_factory=dict)
 
     def add_line(self, raw: str) -> None:
+        tag = _PROCESS_TAG.match(raw)
+        process = tag.group(1) if tag else ""
         line = strip_prefixes(raw.rstrip("\r\n"))
         if not line.strip():
             return
+        if _TRACEBACK.match(line):
+            self._frames[process] = []
+        frame = _FRAME.match(line)
+        if frame is not None:
+            engine = _ENGINE_FRAME.search(frame.group("path"))
+            if engine is not None:
+                frames = self._frames.setdefault(process, [])
+                frames.append(
+                    f'File "{engine.group("module")}", line {frame.group("line")}, '
+                    f"in {frame.group('function')}"
+                )
+                del frames[:-MAX_FRAMES]
         self.tail.append(line[:MAX_LINE_CHARS])
         del self.tail[:-TAIL_LINES]
         if self._following is not None and self._follow_left > 0:
@@ -97,9 +124,9 @@ class Evidence:
         if SERVING_MARKER in stripped and not self.causes:
             self.served_before_failure = True
         if _EXCEPTION.match(stripped) or _OTHER_CAUSES.search(stripped):
-            self._remember(stripped[:MAX_LINE_CHARS])
+            self._remember(stripped[:MAX_LINE_CHARS], self._frames.pop(process, []))
 
-    def _remember(self, line: str) -> None:
+    def _remember(self, line: str, frames: list[str]) -> None:
         self._seen += 1
         known = self.causes.get(line)
         if known is None:
@@ -107,6 +134,8 @@ class Evidence:
                 return
             known = Cause(line=line, order=self._seen, generic=bool(_GENERIC.search(line)))
             self.causes[line] = known
+        if not known.generic and len(frames) > len(known.frames):
+            known.frames = frames
         self._following = known
         self._follow_left = FOLLOW_LINES
 
@@ -131,6 +160,7 @@ def summarize(exit_code: int, evidence: Evidence, note: str = "") -> str:
         for cause in causes:
             lines.append(cause.line)
             lines.extend(f"  {c}" for c in cause.context)
+            lines.extend(f"  {f}" for f in cause.frames)
     else:
         lines.extend(["no error line found; last lines:", *evidence.tail])
     return _fit(lines, MAX_SUMMARY_BYTES)

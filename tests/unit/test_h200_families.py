@@ -1,0 +1,86 @@
+"""The planner against real vLLM 0.26.0 on an H200, one point per model family.
+
+The vLLM figures are the committed GPU-tier run e2e/gpu/results/2026-12-04-h200.json
+(engine logs: 2026-12-04-h200-logs.tgz; "GPU KV cache size", "Model loading took",
+"Estimated CUDA graph memory"); each point is re-planned from the config.json it served
+(dummy bf16 weights, gpu_memory_utilization 0.9, max_num_batched_tokens 8192).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvq.catalog.engines import load_engine_catalog
+from kvq.catalog.gpus import load_gpu_catalog
+from kvq.catalog.models import architecture_from_hf_config
+from kvq.planner import plan_capacity
+from kvq.planner.overhead import GIB
+
+RESULTS = Path(__file__).parents[2] / "e2e/gpu/results/2026-12-04-h200.json"
+
+# Planned KV tokens vs vLLM's, in percent, as kvq plans them now. Gemma-3 is outside 1 %:
+# the V2 runner's profile peak (1.99 GiB, planned 0.76) has no rule kvq found yet
+# (planner README, "What is not modelled").
+BOUNDS = {
+    "qwen3-next-80b-a3b": 1.0,
+    "gpt-oss-20b": 1.0,
+    "llama-4-scout-17b-16e": 1.0,
+    "deepseek-v2-lite": 1.0,
+    "deepseek-v3": 1.0,
+    "gemma-3-12b": 1.5,
+}
+
+
+def _points() -> dict[str, dict[str, Any]]:
+    document = json.loads(RESULTS.read_text())
+    return {p["shape"]: p for p in document["points"] if p["outcome"] == "served"}
+
+
+def _plan(point: dict[str, Any]) -> Any:
+    settings = point["settings"]
+    return plan_capacity(
+        architecture_from_hf_config(point["config"]),
+        load_gpu_catalog().lookup("NVIDIA H200", 143771),
+        settings["kv_cache_dtype"],
+        max_model_len=settings["max_model_len"],
+        gpu_memory_utilization=settings["gpu_memory_utilization"],
+        memory_profile=load_engine_catalog().capability("0.26.0").memory_profile,
+    )
+
+
+@pytest.mark.parametrize("shape", sorted(BOUNDS))
+def test_planned_kv_tokens_are_within_the_bound_of_vllm_on_the_h200(shape: str) -> None:
+    point = _points()[shape]
+    plan = _plan(point)
+    measured = point["startup"]["kv_tokens"]
+    error = (plan.kv_tokens - measured) / measured * 100
+    assert abs(error) <= BOUNDS[shape], f"{shape}: plan {plan.kv_tokens:,} vs vLLM {measured:,}"
+
+
+@pytest.mark.parametrize(
+    "shape", ["llama-4-scout-17b-16e", "gemma-3-12b", "deepseek-v3", "qwen3-next-80b-a3b"]
+)
+def test_planned_model_memory_matches_model_loading_took(shape: str) -> None:
+    # The rotary tables load with the weights: Llama-4's 10,485,760 positions are 2.5 GiB.
+    point = _points()[shape]
+    plan = _plan(point)
+    assert plan.weight_bytes_per_gpu / GIB == pytest.approx(
+        point["startup"]["weights_gib"], abs=0.15
+    )
+
+
+def test_deepseek_v3_graph_estimate_holds_the_mla_split_accumulators() -> None:
+    # "Estimated CUDA graph memory: 4.27 GiB total": 32 splits x 512 tokens x 128 heads
+    # x (512 + 1) float32 in the first FULL capture, plus the per-graph share.
+    plan = _plan(_points()["deepseek-v3"])
+    assert plan.cudagraph_estimate_bytes / GIB == pytest.approx(4.27, abs=0.45)
+
+
+def test_llama4_captures_piecewise_graphs_only() -> None:
+    # "setting cudagraph_mode=PIECEWISE": 51 graphs, "Estimated CUDA graph memory: 0.17 GiB".
+    plan = _plan(_points()["llama-4-scout-17b-16e"])
+    assert plan.cudagraph_estimate_bytes / GIB == pytest.approx(0.17, abs=0.2)
