@@ -104,14 +104,14 @@ def test_no_gpu_nodes_says_so() -> None:
 
 
 def test_gpus_promised_to_other_services_are_not_room_but_ones_own_are() -> None:
-    from kvq.placement.discovery import Reservation
+    from kvq.placement.claims import GpuClaim
 
     nodes = node_manifests(load_profile("hetero"))
     for node in nodes:
         node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
     other, me = ("team-a", "other"), ("team-a", "me")
-    promised = [Reservation(other, "gpu-h100", replicas=3, gpus_per_replica=2)]
-    found = discover_pools(nodes, load_gpu_catalog(), reservations=promised)
+    promised = [GpuClaim(other, "gpu-h100", replicas=3, gpus_per_replica=2)]
+    found = discover_pools(nodes, load_gpu_catalog(), claims=promised)
     wanted = request(gpus_per_replica=2, replicas=2, allowed_pools=("gpu-h100",), owner=me)
 
     mine = choose_pool(wanted, found, ENGINE, LLAMA.architecture).chosen

@@ -17,7 +17,8 @@ from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
 from kvq.decide import Catalogs, OperatorConfig, Plan, Snapshot, decide
 from kvq.fallback.ladder import LadderPolicy
-from kvq.placement.discovery import GpuPod, Reservation
+from kvq.placement.claims import GpuClaim
+from kvq.placement.discovery import GpuPod
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures/vllm"
@@ -536,14 +537,14 @@ def test_gpus_promised_to_deployments_not_bound_yet_make_a_pool_full() -> None:
         for n in nodes()
         if cheapest in n["metadata"]["labels"].values()
     )
-    promised = [Reservation(("team-b", "other"), cheapest, replicas=gpus, gpus_per_replica=1)]
-    plan = decide(replace(snapshot(isvc()), reservations=promised))
+    promised = [GpuClaim(("team-b", "other"), cheapest, replicas=gpus, gpus_per_replica=1)]
+    plan = decide(replace(snapshot(isvc()), claims=promised))
     assert plan.status["placement"]["pool"] != cheapest
     # Its own Deployment's promise is room for itself: it stays where it is.
     body = isvc()
     placed = decide(snapshot(body))
-    own = [Reservation(("team-a", "llama"), cheapest, replicas=1, gpus_per_replica=1)]
-    again = decide(replace(snapshot(with_status(body, placed)), reservations=own))
+    own = [GpuClaim(("team-a", "llama"), cheapest, replicas=1, gpus_per_replica=1)]
+    again = decide(replace(snapshot(with_status(body, placed)), claims=own))
     assert again.status["placement"]["pool"] == cheapest
     assert conditions(again)["Placed"] == ("True", "PoolChosen")
 

@@ -12,13 +12,8 @@ from hypothesis import strategies as st
 
 from kvq.api import keys
 from kvq.catalog.gpus import load_gpu_catalog
-from kvq.placement.discovery import (
-    GpuPod,
-    Inventory,
-    Reservation,
-    discover_pools,
-    reservation,
-)
+from kvq.placement.claims import GpuClaim, gpu_claim
+from kvq.placement.discovery import GpuPod, Inventory, discover_pools
 from kvq.placement.pool import OwnerKey
 
 CATALOG = load_gpu_catalog()
@@ -139,31 +134,31 @@ def test_nodes_read_once_per_version_still_count_each_decisions_pods() -> None:
 
 
 def _free(inventory: Inventory, pool: str) -> int:
-    """What another service sees free on `pool`: bound pods and promises taken."""
+    """What another service sees free on `pool`: bound pods and claims taken."""
     found = next(p for p in inventory.pools if p.name == pool)
     free = sum(node.free_for(None) for node in found.nodes)
-    return max(free - found.promised_to_others(None), 0)
+    return max(free - found.claimed_by_others(None), 0)
 
 
 def test_replicas_not_bound_yet_take_their_gpus_once() -> None:
     nodes = ready_nodes("hetero")
     pool = "gpu-h100"  # one node of 8 GPUs
     owner = ("team-a", "llama")
-    promised = [Reservation(owner, pool, replicas=3, gpus_per_replica=2)]
-    assert _free(discover_pools(nodes, CATALOG, reservations=promised), pool) == 8 - 6
-    # Two of the three bound: they are counted as pods, not a second time as a promise.
+    claims = [GpuClaim(owner, pool, replicas=3, gpus_per_replica=2)]
+    assert _free(discover_pools(nodes, CATALOG, claims=claims), pool) == 8 - 6
+    # Two of the three bound: they are counted as pods, not a second time as a claim.
     h100 = next(p for p in discover_pools(nodes, CATALOG).pools if p.name == pool)
     bound = [GpuPod(h100.nodes[0].name, 2, owner), GpuPod(h100.nodes[0].name, 2, owner)]
-    both = discover_pools(nodes, CATALOG, gpu_pods=bound, reservations=promised)
+    both = discover_pools(nodes, CATALOG, gpu_pods=bound, claims=claims)
     assert _free(both, pool) == 8 - 6
-    assert next(p for p in both.pools if p.name == pool).promised == {owner: 2}
-    # A promise larger than the pool fills it; the owner's own promise is room for itself.
-    huge = discover_pools(nodes, CATALOG, reservations=[Reservation(owner, pool, 5, 3)])
+    assert next(p for p in both.pools if p.name == pool).claimed == {owner: 2}
+    # A claim larger than the pool fills it; the owner's own claim is room for itself.
+    huge = discover_pools(nodes, CATALOG, claims=[GpuClaim(owner, pool, 5, 3)])
     assert _free(huge, pool) == 0
-    assert next(p for p in huge.pools if p.name == pool).promised_to_others(owner) == 0
+    assert next(p for p in huge.pools if p.name == pool).claimed_by_others(owner) == 0
 
 
-def test_a_deployment_of_kvq_promises_its_replicas_gpus_on_its_pool() -> None:
+def test_a_deployment_of_kvq_claims_its_replicas_gpus_on_its_pool() -> None:
     deployment: dict[str, Any] = {
         "metadata": {
             "name": "llama",
@@ -180,10 +175,10 @@ def test_a_deployment_of_kvq_promises_its_replicas_gpus_on_its_pool() -> None:
             },
         },
     }
-    assert reservation(deployment) == Reservation(("team-a", "llama"), "l4-pool", 2, 2)
+    assert gpu_claim(deployment) == GpuClaim(("team-a", "llama"), "l4-pool", 2, 2)
     deleting = copy.deepcopy(deployment)
     deleting["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
-    assert reservation(deleting) is None
+    assert gpu_claim(deleting) is None
 
 
 _OWNERS = [("team", f"svc-{i}") for i in range(6)]
@@ -193,7 +188,7 @@ _OWNERS = [("team", f"svc-{i}") for i in range(6)]
 @given(
     shape=st.lists(st.tuples(st.integers(0, 8), st.booleans()), min_size=1, max_size=8),
     bound=st.lists(st.tuples(st.integers(0, 7), st.sampled_from(_OWNERS), st.integers(1, 4))),
-    promised=st.lists(
+    claimed=st.lists(
         st.tuples(st.sampled_from(_OWNERS), st.integers(1, 3), st.sampled_from([1, 2, 4, 8])),
         max_size=10,
     ),
@@ -201,7 +196,7 @@ _OWNERS = [("team", f"svc-{i}") for i in range(6)]
 def test_a_pool_counts_what_each_service_asks_beyond_its_bound_pods(
     shape: list[tuple[int, bool]],
     bound: list[tuple[int, OwnerKey, int]],
-    promised: list[tuple[OwnerKey, int, int]],
+    claimed: list[tuple[OwnerKey, int, int]],
 ) -> None:
     pool = "gpu-h100"
     template = next(n for n in ready_nodes("hetero") if pool in n["metadata"]["labels"].values())
@@ -216,15 +211,15 @@ def test_a_pool_counts_what_each_service_asks_beyond_its_bound_pods(
         nodes.append(node)
     names = sorted(n["metadata"]["name"] for n in nodes)
     pods = [GpuPod(names[i % len(names)], gpus, owner) for i, owner, gpus in bound]
-    reservations = [Reservation(owner, pool, replicas, step) for owner, replicas, step in promised]
+    claims = [GpuClaim(owner, pool, replicas, step) for owner, replicas, step in claimed]
 
-    found = discover_pools(nodes, CATALOG, gpu_pods=pods, reservations=reservations)
+    found = discover_pools(nodes, CATALOG, gpu_pods=pods, claims=claims)
 
     (h100,) = [p for p in found.pools if p.name == pool]
-    asked = {o: sum(r * s for who, r, s in promised if who == o) for o, _, _ in promised}
+    asked = {o: sum(r * s for who, r, s in claimed if who == o) for o, _, _ in claimed}
     held = {o: sum(p.gpus for p in pods if p.owner == o) for o in asked}
-    assert h100.promised == {o: asked[o] - held[o] for o in asked if asked[o] > held[o]}
-    # Bound pods stay on their nodes; what is promised is the pool's, not a node's.
+    assert h100.claimed == {o: asked[o] - held[o] for o in asked if asked[o] > held[o]}
+    # Bound pods stay on their nodes; what is claimed is the pool's, not a node's.
     assert {n.name: dict(n.used) for n in h100.nodes if n.used} == {
         name: {o: sum(p.gpus for p in pods if p.node == name and p.owner == o)
                for o in {p.owner for p in pods if p.node == name}}

@@ -1,5 +1,5 @@
 """The operator's Fleet, fed event by event, gives the pools discover_pools gives for the
-same nodes, pods and reservations, whatever the order of the events."""
+same nodes, pods and GPU claims, whatever the order of the events."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from kvq.api import keys
 from kvq.catalog.gpus import load_gpu_catalog
-from kvq.placement.discovery import GpuPod, Reservation, discover_pools
+from kvq.placement.claims import GpuClaim
+from kvq.placement.discovery import GpuPod, discover_pools
 from kvq.placement.fleet import Fleet
 from kvq.placement.pool import OwnerKey
 
@@ -52,30 +53,30 @@ pod_events = st.tuples(
         st.tuples(st.sampled_from(NODE_NAMES), st.integers(1, 4), st.sampled_from([*OWNERS, None])),
     ),
 )
-reservations = st.tuples(
+claims = st.tuples(
     st.sampled_from(OWNERS),
     st.sampled_from(sorted(POOLS.values())),
     st.integers(0, 3),
     st.sampled_from([1, 2, 4]),
 )
 deployment_events = st.tuples(
-    st.just("deployment"), st.integers(0, 5), st.one_of(st.none(), reservations)
+    st.just("deployment"), st.integers(0, 5), st.one_of(st.none(), claims)
 )
-promise_events = st.tuples(
-    st.just("promise"),
+assume_events = st.tuples(
+    st.just("assume"),
     st.sampled_from(OWNERS),
-    st.one_of(st.none(), st.lists(reservations.map(lambda r: r[1:]), max_size=2)),
+    st.one_of(st.none(), st.lists(claims.map(lambda r: r[1:]), max_size=2)),
 )
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.one_of(node_events, pod_events, deployment_events, promise_events), max_size=40))
+@given(st.lists(st.one_of(node_events, pod_events, deployment_events, assume_events), max_size=40))
 def test_the_fleet_event_by_event_is_the_fleet_discovered_at_once(events: list[Any]) -> None:
     fleet = Fleet(CATALOG)
     nodes: dict[str, dict[str, Any]] = {}
     pods: dict[str, GpuPod] = {}
-    watched: dict[tuple[str, str], Reservation] = {}
-    promised: dict[OwnerKey, list[Reservation]] = {}
+    watched: dict[tuple[str, str], GpuClaim] = {}
+    assumed: dict[OwnerKey, list[GpuClaim]] = {}
     for index, (kind, key, value) in enumerate(events):
         if kind == "node":
             body = _node(key, *value) if value is not None else None
@@ -92,26 +93,26 @@ def test_the_fleet_event_by_event_is_the_fleet_discovered_at_once(events: list[A
             else:
                 pods[f"uid-{key}"] = pod
         elif kind == "deployment":
-            found = Reservation(*value) if value is not None else None
+            found = GpuClaim(*value) if value is not None else None
             fleet.deployment(("team", f"deploy-{key}"), found)
             if found is None:
                 watched.pop(("team", f"deploy-{key}"), None)
             else:
                 watched[("team", f"deploy-{key}")] = found
         else:
-            decided = [Reservation(key, *r) for r in value] if value is not None else None
-            fleet.promise(key, decided)
+            decided = [GpuClaim(key, *r) for r in value] if value is not None else None
+            fleet.assume(key, decided)
             if decided is None:
-                promised.pop(key, None)
+                assumed.pop(key, None)
             else:
-                promised[key] = decided
+                assumed[key] = decided
         if index % 7 == 0:
             fleet.inventory()  # reads between events keep only what was touched fresh
-    effective = [r for r in watched.values() if r.owner not in promised]
-    effective += [r for decided in promised.values() for r in decided]
+    effective = [r for r in watched.values() if r.owner not in assumed]
+    effective += [r for decided in assumed.values() for r in decided]
 
     expected = discover_pools(list(nodes.values()), CATALOG, gpu_pods=pods.values(),
-                              reservations=effective)  # fmt: skip
+                              claims=effective)  # fmt: skip
 
     assert fleet.inventory() == expected
-    assert sorted(map(repr, fleet.reservations())) == sorted(map(repr, effective))
+    assert sorted(map(repr, fleet.claims())) == sorted(map(repr, effective))

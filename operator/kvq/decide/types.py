@@ -14,7 +14,8 @@ from kvq.catalog.gpus import GpuCatalog
 from kvq.catalog.models import ModelCatalog
 from kvq.decide.metrics import EngineReading
 from kvq.fallback.ladder import LadderPolicy
-from kvq.placement.discovery import DEFAULT_POOL_LABELS, GpuPod, Inventory, Reservation
+from kvq.placement.claims import GpuClaim
+from kvq.placement.discovery import DEFAULT_POOL_LABELS, GpuPod, Inventory
 from kvq.render.autoscaling import PrometheusAccess
 
 Manifest = dict[str, Any]
@@ -67,11 +68,11 @@ class Snapshot:
     catalogs: Catalogs
     gpu_pods: Sequence[GpuPod] = ()
     """Every pod bound to a node that holds GPUs (whose ever it is): what fills a pool."""
-    reservations: Sequence[Reservation] = ()
-    """What every engine Deployment of kvq's asks of its pool (replicas not bound yet)."""
+    claims: Sequence[GpuClaim] = ()
+    """What every engine Deployment of kvq's claims of its pool (replicas not bound yet)."""
     inventory: Inventory | None = None
     """The pools with their usage, already counted (the operator keeps them from the
-    watches); None: found from `nodes`, `gpu_pods` and `reservations`."""
+    watches); None: found from `nodes`, `gpu_pods` and `claims`."""
     config: OperatorConfig = field(default_factory=OperatorConfig)
     log_tails: Mapping[str, str] = field(default_factory=dict)
     """Pod name -> bounded tail of its previous container's log, when the executor fetched it."""

@@ -353,7 +353,7 @@ def _inventory(snap: Snapshot) -> Inventory:
     if snap.inventory is not None:
         return snap.inventory
     return discover_pools(
-        snap.nodes, snap.catalogs.gpus, snap.config.pool_labels, snap.gpu_pods, snap.reservations
+        snap.nodes, snap.catalogs.gpus, snap.config.pool_labels, snap.gpu_pods, snap.claims
     )
 
 

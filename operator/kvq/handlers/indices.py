@@ -3,7 +3,7 @@
 Engine Pods and the objects kvq renders (ConfigMap, Deployment, Service,
 PodDisruptionBudget), labelled managed-by kvq, by (namespace, InferenceService name);
 bodies are kept without managedFields (the largest part of an object, and nothing kvq
-reads). Nodes, every pod's GPUs and what kvq's Deployments ask of their pools feed the
+reads). Nodes, every pod's GPUs and the GPUs kvq's Deployments claim of their pools feed the
 runtime's Fleet instead (the pools, kept counted): their index handlers keep nothing, and
 are index handlers because kopf calls those for the whole first listing before it lets
 any handler or daemon run, so the first decisions see every node and pod.
@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvq.api import keys
-from kvq.placement.discovery import gpu_pod, reservation
+from kvq.placement.claims import gpu_claim
+from kvq.placement.discovery import gpu_pod
 
 EngineKey = tuple[str, str]
 
@@ -40,17 +41,17 @@ def gpu_pods(uid: str, body: Mapping[str, Any], memo: Any, **_: Any) -> dict[str
     return {}
 
 
-def reservations(
+def gpu_claims(
     namespace: str, name: str, body: Mapping[str, Any], memo: Any, **_: Any
 ) -> dict[str, Any]:
-    memo.runtime.fleet.deployment((namespace, name), reservation(body))
+    memo.runtime.fleet.deployment((namespace, name), gpu_claim(body))
     return {}
 
 
 # Index id (the kwarg name kopf passes it under) -> (group, version, plural).
 POD_INDEX = "kvq_pods"
 GPU_POD_INDEX = "kvq_gpu_pods"
-RESERVATION_INDEX = "kvq_reservations"
+GPU_CLAIM_INDEX = "kvq_gpu_claims"
 NODE_INDEX = "kvq_nodes"
 OWNED_INDICES: dict[str, tuple[str, str, str]] = {
     "kvq_configmaps": ("", "v1", "configmaps"),

@@ -276,9 +276,9 @@ def build_registry() -> kopf.OperatorRegistry:
         _on_loop(indices.gpu_pods)
     )
     kopf.on.event("v1", "pods", registry=registry)(_on_loop(on_pod_event))
-    # kvq's Deployments' GPUs on their pools, bound or not yet: what a pool has promised.
-    kopf.index("apps/v1", "deployments", labels=managed, id=indices.RESERVATION_INDEX,
-               registry=registry)(_on_loop(indices.reservations))  # fmt: skip
+    # kvq's Deployments' GPUs on their pools, bound or not yet: the pools' GPU claims.
+    kopf.index("apps/v1", "deployments", labels=managed, id=indices.GPU_CLAIM_INDEX,
+               registry=registry)(_on_loop(indices.gpu_claims))  # fmt: skip
     for index_id, (group, version, plural) in indices.OWNED_INDICES.items():
         api = f"{group}/{version}" if group else version
         kopf.index(api, plural, labels=managed, id=index_id, registry=registry)(by_owner)

@@ -24,7 +24,7 @@ from kvq.decide.invalid import invalid_status
 from kvq.decide.metrics import EngineReading
 from kvq.decide.types import Catalogs, EventSpec, OperatorConfig, Plan, Snapshot
 from kvq.handlers.controller import PassResult
-from kvq.handlers.promises import Promises
+from kvq.handlers.serial_decisions import SerialDecisions
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.executor import WRITES, ExecutionResult, Memory, execute
@@ -52,17 +52,17 @@ class Runtime:
     memory: Memory = field(default_factory=Memory)
     fleet: Fleet = field(init=False)
     """The cluster's GPU pools, fed by the watches (the operator's handlers)."""
-    promises: Promises = field(init=False)
+    decisions: SerialDecisions = field(init=False)
     _served: dict[tuple[str, str], tuple[float, bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fleet = Fleet(self.catalogs.gpus, tuple(self.config.pool_labels))
-        self.promises = Promises(self.fleet)
+        self.decisions = SerialDecisions(self.fleet)
 
     def forget(self, key: tuple[str, str], uid: str) -> None:
-        """What was kept for a deleted InferenceService: its promised GPUs, what the server
+        """What was kept for a deleted InferenceService: its claimed GPUs, what the server
         holds of its objects and status."""
-        self.promises.forget(key)
+        self.decisions.forget(key)
         self.memory.same.forget(*key)
         self.memory.forms.forget(uid)
 
@@ -129,7 +129,7 @@ def decide_pass(runtime: Runtime, observed: Observed, now: datetime | None = Non
     now = now or datetime.now(UTC)
     raw = dict(runtime.memory.forms.newest(observed.body))
     if raw["metadata"].get("deletionTimestamp"):
-        runtime.promises.forget((raw["metadata"].get("namespace", ""), raw["metadata"]["name"]))
+        runtime.decisions.forget((raw["metadata"].get("namespace", ""), raw["metadata"]["name"]))
         RECONCILES.labels(result="deleting").inc()
         return Decided(raw, now, done=Outcome(None, None, PassResult(gone=True)))
     try:
@@ -195,7 +195,7 @@ def _decide_valid(
     )
     snapshot = Snapshot(
         isvc=isvc,
-        nodes=(),  # the pools are the fleet's (Promises.decide)
+        nodes=(),  # the pools are the fleet's (SerialDecisions.decide)
         pods=observed.pods,
         deployment=deployment,
         now=now,
@@ -210,7 +210,7 @@ def _decide_valid(
         and runtime.serves(INFERENCE_POOL_API, "InferencePool"),
     )
     owner = (isvc.metadata.namespace or "", isvc.metadata.name)
-    plan = runtime.promises.decide(owner, snapshot, _timed_decide)
+    plan = runtime.decisions.decide(owner, snapshot, _timed_decide)
     if plan.fetch_log_tails:
         tails = read_log_tails(
             runtime.clients,
@@ -219,7 +219,7 @@ def _decide_valid(
             observed.pods,
             runtime.config,
         )
-        plan = runtime.promises.decide(owner, replace(snapshot, log_tails=tails), _timed_decide)
+        plan = runtime.decisions.decide(owner, replace(snapshot, log_tails=tails), _timed_decide)
     return plan, owned
 
 

@@ -270,18 +270,19 @@ def _count_room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:
             allowed[node.taints] = _tolerates_all(node.taints, request.tolerations)
         if allowed[node.taints]:
             frees.append(node.free_for(request.owner))
-    # Replicas promised to other services take their GPUs from the pool as a whole.
-    promised = pool.promised_to_others(request.owner)
-    free = max(sum(frees) - promised, 0)
+    # Replicas other services claim take their GPUs from the pool as a whole.
+    claimed = pool.claimed_by_others(request.owner)
+    free = max(sum(frees) - claimed, 0)
     slots = min(sum(f // need for f in frees), free // need)
     if slots >= request.replicas:
         return slots, ""
     if not frees:
         return 0, _unusable(pool, request.tolerations)
-    promised_note = f", {promised} more promised to replicas not bound yet" if promised else ""
+    # Users read "promised" in status (tests pin it): the claim by its everyday name.
+    claimed_note = f", {claimed} more promised to replicas not bound yet" if claimed else ""
     return slots, (
         f"room for {slots} of {request.replicas} replicas now ({free} free GPUs on "
-        f"{len(frees)} usable nodes{promised_note}, {need} per replica)"
+        f"{len(frees)} usable nodes{claimed_note}, {need} per replica)"
     )
 
 

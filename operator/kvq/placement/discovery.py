@@ -14,6 +14,8 @@ from typing import Any
 from kvq.api import keys
 from kvq.api.quantity import quantity_value
 from kvq.catalog.gpus import GpuCatalog, GpuModel
+from kvq.placement.claims import GpuClaim, claimed_by_pool
+from kvq.placement.gpu_requests import gpus_of, whole_number
 from kvq.placement.pool import GpuNode, NodePool, OwnerKey, Taint, TaintEffect
 
 # Pool label keys in the order they are tried: the node's autoscaler or cloud pool.
@@ -88,21 +90,6 @@ class GpuPod:
 
 
 @dataclass(frozen=True)
-class Reservation:
-    """What one of kvq's Deployments asks of its pool: GPUs its pods take once bound.
-
-    Pods are bound seconds after their Deployment is written, and many services are decided
-    in that time (a fleet applied at once, an operator restarted): counting only bound pods,
-    each of them sees the same free GPUs and a pool is promised several times over. The
-    replicas not bound yet count against their pool (`NodePool.promised`)."""
-
-    owner: OwnerKey
-    pool: str
-    replicas: int
-    gpus_per_replica: int
-
-
-@dataclass(frozen=True)
 class _NodeFacts:
     pool: str
     pool_label: tuple[str, str] | None
@@ -119,37 +106,33 @@ def discover_pools(
     catalog: GpuCatalog,
     pool_labels: Sequence[str] = DEFAULT_POOL_LABELS,
     gpu_pods: Iterable[GpuPod] = (),
-    reservations: Iterable[Reservation] = (),
+    claims: Iterable[GpuClaim] = (),
 ) -> Inventory:
     """Group GPU nodes into pools (by pool label, then GPU product); others are ignored.
     A node's GPUs are taken by the pods bound to it; a pool's, also by the replicas of kvq's
-    Deployments not bound yet (`reservations`), counted against the pool as a whole."""
+    Deployments not bound yet (their `claims`), counted against the pool as a whole."""
     usage: dict[str, dict[OwnerKey | None, int]] = {}
     for pod in gpu_pods:
         per_node = usage.setdefault(pod.node, {})
         per_node[pod.owner] = per_node.get(pod.owner, 0) + pod.gpus
     facts = [facts_of(node, tuple(pool_labels)) for node in nodes]
     inventory = grouped(facts, catalog)
-    return _with_usage(inventory, usage, _promised(inventory, usage, reservations))
+    return _with_usage(inventory, usage, _unbound_claims(inventory, usage, claims))
 
 
-def _promised(
+def _unbound_claims(
     inventory: Inventory,
     usage: Mapping[str, Mapping[OwnerKey | None, int]],
-    reservations: Iterable[Reservation],
+    claims: Iterable[GpuClaim],
 ) -> dict[str, dict[OwnerKey, int]]:
     """Per pool, the GPUs each owner's Deployments ask for beyond what its bound pods hold.
 
     Which node a replica not bound yet will land on is the scheduler's choice (it spreads
     them, by its scores); what is known is that the pool will have that many GPUs fewer. So
     they are counted per pool: a decision in a fleet's rollout costs one pass over the
-    reservations, not a placement of each."""
+    claims, not a placement of each."""
     pools = {pool.name for pool in inventory.pools}
-    wanted: dict[tuple[OwnerKey, str], int] = {}
-    for r in reservations:
-        if r.replicas > 0 and r.gpus_per_replica > 0 and r.pool in pools:
-            gpus = r.replicas * r.gpus_per_replica  # tiers on one pool add up
-            wanted[r.owner, r.pool] = wanted.get((r.owner, r.pool), 0) + gpus
+    wanted = {key: gpus for key, gpus in claimed_by_pool(claims).items() if key[1] in pools}
     if not wanted:
         return {}
     pool_of = _pool_of(inventory)
@@ -159,12 +142,12 @@ def _promised(
         if pool is not None:
             for who, held in owners.items():
                 bound[who, pool] = bound.get((who, pool), 0) + held
-    promised: dict[str, dict[OwnerKey, int]] = {}
+    unbound: dict[str, dict[OwnerKey, int]] = {}
     for (owner, pool), gpus in wanted.items():
         outstanding = gpus - bound.get((owner, pool), 0)
         if outstanding > 0:
-            promised.setdefault(pool, {})[owner] = outstanding
-    return promised
+            unbound.setdefault(pool, {})[owner] = outstanding
+    return unbound
 
 
 _pools_of: dict[int, tuple[Inventory, dict[str, str]]] = {}
@@ -182,24 +165,6 @@ def _pool_of(inventory: Inventory) -> dict[str, str]:
             {node.name: pool.name for pool in inventory.pools for node in pool.nodes},
         )
     return found[1]
-
-
-def reservation(deployment: Mapping[str, Any]) -> Reservation | None:
-    """The GPUs one of kvq's engine Deployments asks of its pool; None when it asks none
-    (being deleted, no pool, no GPU)."""
-    meta = deployment.get("metadata") or {}
-    owner = (meta.get("labels") or {}).get(keys.LABEL_INFERENCESERVICE)
-    namespace = meta.get("namespace")
-    if not owner or not namespace or meta.get("deletionTimestamp"):
-        return None
-    spec = deployment.get("spec") or {}
-    template = spec.get("template") or {}
-    pool = ((template.get("metadata") or {}).get("annotations") or {}).get(keys.ANNOTATION_POOL)
-    gpus = _gpus_of(template.get("spec") or {})
-    replicas = spec.get("replicas", 1)
-    if not pool or gpus <= 0 or not isinstance(replicas, int):
-        return None
-    return Reservation((str(namespace), str(owner)), str(pool), replicas, gpus)
 
 
 # A fleet's decisions read the same few hundred nodes again and again: a node is read once
@@ -265,17 +230,17 @@ def grouped(facts: list[_NodeFacts | None], catalog: GpuCatalog) -> Inventory:
 def _with_usage(
     inventory: Inventory,
     usage: Mapping[str, Mapping[OwnerKey | None, int]],
-    promised: Mapping[str, Mapping[OwnerKey, int]],
+    claimed: Mapping[str, Mapping[OwnerKey, int]],
 ) -> Inventory:
-    if not usage and not promised:
+    if not usage and not claimed:
         return inventory
     pools = tuple(
         replace(
             pool,
             nodes=with_node_usage(pool.nodes, usage),
-            promised=dict(promised.get(pool.name, {})),
+            claimed=dict(claimed.get(pool.name, {})),
         )
-        if pool.name in promised or any(node.name in usage for node in pool.nodes)
+        if pool.name in claimed or any(node.name in usage for node in pool.nodes)
         else pool
         for pool in inventory.pools
     )
@@ -315,7 +280,7 @@ def node_fingerprint(
         facts.node.ready,
         facts.node.taints,
         tuple(sorted(facts.labels.items())),
-        _quantity((status.get("capacity") or {}).get(keys.GPU_RESOURCE)),
+        whole_number((status.get("capacity") or {}).get(keys.GPU_RESOURCE)),
     )
 
 
@@ -325,25 +290,13 @@ def gpu_pod(pod: Mapping[str, Any]) -> GpuPod | None:
     node = spec.get("nodeName")
     if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
-    gpus = _gpus_of(spec)
+    gpus = gpus_of(spec)
     if gpus == 0:
         return None
     meta = pod.get("metadata") or {}
     owner = (meta.get("labels") or {}).get(keys.LABEL_INFERENCESERVICE)
     namespace = meta.get("namespace")
     return GpuPod(str(node), gpus, (namespace, owner) if owner and namespace else None)
-
-
-def _gpus_of(pod_spec: Mapping[str, Any]) -> int:
-    """GPUs a pod (or a pod template) asks for: each container's limit, else its request."""
-    gpus = 0
-    for container in pod_spec.get("containers") or []:
-        resources = container.get("resources") or {}
-        wanted = (resources.get("limits") or {}).get(keys.GPU_RESOURCE) or (
-            resources.get("requests") or {}
-        ).get(keys.GPU_RESOURCE)
-        gpus += _quantity(wanted)
-    return gpus
 
 
 def _pool(
@@ -383,9 +336,9 @@ def _read_node(
     status = node.get("status") or {}
     spec = node.get("spec") or {}
     found = _gpu_product(labels)
-    allocatable = _quantity((status.get("allocatable") or {}).get(keys.GPU_RESOURCE))
-    capacity = _quantity((status.get("capacity") or {}).get(keys.GPU_RESOURCE))
-    counted = max((_quantity(labels.get(k)) for k in _GPU_COUNT_LABELS), default=0)
+    allocatable = whole_number((status.get("allocatable") or {}).get(keys.GPU_RESOURCE))
+    capacity = whole_number((status.get("capacity") or {}).get(keys.GPU_RESOURCE))
+    counted = max((whole_number(labels.get(k)) for k in _GPU_COUNT_LABELS), default=0)
     gpus = capacity or allocatable or counted
     if found is None or gpus == 0:
         return None
@@ -430,7 +383,7 @@ def _gpu_product(labels: Mapping[str, str]) -> tuple[str, str, int | None] | Non
     """(label key, product, memory MiB) from the first provider label the node has."""
     for name_key, memory_key in _GPU_NAME_LABELS:
         if labels.get(name_key):
-            memory = _quantity(labels.get(memory_key)) if memory_key else 0
+            memory = whole_number(labels.get(memory_key)) if memory_key else 0
             return name_key, labels[name_key], memory or None
     return None
 
@@ -458,12 +411,4 @@ def _memory_bytes(value: Any) -> int:
     try:
         return int(quantity_value(str(value))) if value is not None else 0
     except ValueError:
-        return 0
-
-
-def _quantity(value: Any) -> int:
-    """Whole-number quantities (GPU counts, MiB labels); anything else counts as 0."""
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
         return 0

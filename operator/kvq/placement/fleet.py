@@ -1,15 +1,12 @@
 """A cluster's GPU pools kept up to date from watch events: what a decision reads of them.
 
-`discover_pools` groups every node and counts every pod and reservation. On a fleet of a
+`discover_pools` groups every node and counts every pod and GPU claim. On a fleet of a
 thousand services that was most of each decision, and a rollout makes thousands. The
 operator feeds each watch event to a `Fleet` once instead, and each decision takes its
 `inventory()`, in which only the pools an event touched since the last one are rebuilt.
-The result is the one `discover_pools` gives for the same nodes, pods and reservations
-(tested on random sequences of events).
-
-Reservations come from two places: the watch (kvq's Deployments) and kvq's own decisions
-(`promise`), which the watch shows some hundreds of milliseconds later; for a service kvq
-has decided, its decision stands.
+The result is the one `discover_pools` gives for the same nodes, pods and GPU claims
+(tested on random sequences of events). The claims are placement's `ClaimsCache`: the
+watch's, and the ones kvq's decisions assumed (`assume`).
 
 Pure: no I/O. kopf's handlers feed it on the event loop while decisions read it on worker
 threads, so every method takes the lock.
@@ -18,24 +15,21 @@ threads, so every method takes the lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvq.catalog.gpus import GpuCatalog
+from kvq.placement.claims import ClaimsCache, DeploymentKey, GpuClaim
 from kvq.placement.discovery import (
     DEFAULT_POOL_LABELS,
     GpuPod,
     Inventory,
-    Reservation,
     grouped,
     read_facts,
     with_node_usage,
 )
 from kvq.placement.pool import NodePool, OwnerKey
-
-DeploymentKey = tuple[str, str]
-"""(namespace, name) of one of kvq's Deployments."""
 
 
 @dataclass
@@ -51,16 +45,7 @@ class Fleet:
     _pods: dict[str, GpuPod] = field(default_factory=dict, repr=False)
     _usage: dict[str, dict[OwnerKey | None, int]] = field(default_factory=dict, repr=False)
     """Node name -> GPUs its bound pods hold, by owner."""
-    _watched: dict[OwnerKey, dict[DeploymentKey, Reservation]] = field(
-        default_factory=dict, repr=False
-    )
-    _watched_owner: dict[DeploymentKey, OwnerKey] = field(default_factory=dict, repr=False)
-    """Which owner's reservation each watched Deployment is."""
-    _promised: dict[OwnerKey, tuple[Reservation, ...]] = field(default_factory=dict, repr=False)
-    _wanted: dict[str, dict[OwnerKey, int]] = field(default_factory=dict, repr=False)
-    """Pool -> GPUs each owner's reservations ask of it."""
-    _asks: dict[OwnerKey, dict[str, int]] = field(default_factory=dict, repr=False)
-    """Owner -> what it adds to `_wanted`, by pool."""
+    _claims: ClaimsCache = field(default_factory=ClaimsCache, repr=False)
     _pools: dict[str, NodePool] = field(default_factory=dict, repr=False)
     _dirty: set[str] | None = field(default=None, repr=False)
     """Pools to build again before the next inventory; None: all of them."""
@@ -97,31 +82,19 @@ class Fleet:
                 self._hold(found, found.gpus)
                 self._pods[uid] = found
 
-    def deployment(self, key: DeploymentKey, found: Reservation | None) -> None:
-        """What one of kvq's Deployments asks of its pool, as the watch shows it."""
+    def deployment(self, key: DeploymentKey, found: GpuClaim | None) -> None:
+        """What one of kvq's Deployments claims of its pool, as the watch shows it."""
         with self._lock:
-            owners = set()
-            before = self._watched_owner.pop(key, None)
-            if before is not None:
-                owners.add(before)
-                self._watched[before].pop(key, None)
-                if not self._watched[before]:
-                    del self._watched[before]
-            if found is not None:
-                self._watched.setdefault(found.owner, {})[key] = found
-                self._watched_owner[key] = found.owner
-                owners.add(found.owner)
-            for owner in owners:
-                self._ask_again(owner)
+            for pool in self._claims.watched(key, found):
+                self._touch(pool)
 
-    def promise(self, owner: OwnerKey, reservations: Sequence[Reservation] | None) -> None:
-        """What kvq's latest decision for `owner` asks (None: the watch knows best)."""
+    # --- what kvq's decisions say --------------------------------------------------------
+
+    def assume(self, owner: OwnerKey, claims: Sequence[GpuClaim] | None) -> None:
+        """What kvq's latest decision for `owner` claims (None: the watch knows best)."""
         with self._lock:
-            if reservations is None:
-                self._promised.pop(owner, None)
-            else:
-                self._promised[owner] = tuple(reservations)
-            self._ask_again(owner)
+            for pool in self._claims.assume(owner, claims):
+                self._touch(pool)
 
     # --- what a decision reads -----------------------------------------------------------
 
@@ -137,10 +110,10 @@ class Fleet:
             assert self._built is not None
             return self._built
 
-    def reservations(self) -> list[Reservation]:
-        """Every reservation counted: the decided ones, and the watch's for the rest."""
+    def claims(self) -> list[GpuClaim]:
+        """Every GPU claim counted: the decided ones, and the watch's for the rest."""
         with self._lock:
-            return [r for owner in self._owners() for r in self._effective(owner)]
+            return self._claims.claims()
 
     # --- inside --------------------------------------------------------------------------
 
@@ -152,36 +125,6 @@ class Fleet:
         if not held:
             del self._usage[pod.node]
         self._touch(self._pool_of.get(pod.node))
-
-    def _effective(self, owner: OwnerKey) -> Iterable[Reservation]:
-        if owner in self._promised:
-            return self._promised[owner]
-        return self._watched.get(owner, {}).values()
-
-    def _owners(self) -> list[OwnerKey]:
-        return list(dict.fromkeys([*self._watched, *self._promised]))
-
-    def _ask_again(self, owner: OwnerKey) -> None:
-        asks: dict[str, int] = {}
-        for r in self._effective(owner):
-            if r.replicas > 0 and r.gpus_per_replica > 0:
-                asks[r.pool] = asks.get(r.pool, 0) + r.replicas * r.gpus_per_replica
-        before = self._asks.get(owner, {})
-        if asks == before:
-            return
-        for pool in before.keys() | asks.keys():
-            wanted = self._wanted.setdefault(pool, {})
-            if pool in asks:
-                wanted[owner] = asks[pool]
-            else:
-                wanted.pop(owner, None)
-            if not wanted:
-                del self._wanted[pool]
-            self._touch(pool)
-        if asks:
-            self._asks[owner] = asks
-        else:
-            self._asks.pop(owner, None)
 
     def _touch(self, pool: str | None) -> None:
         if pool is not None and self._dirty is not None:
@@ -201,20 +144,20 @@ class Fleet:
         self._dirty = set()
 
     def _pool(self, base: NodePool) -> NodePool:
-        """`base` with its nodes' bound pods and the GPUs promised beyond them."""
+        """`base` with its nodes' bound pods and the GPUs claimed beyond them."""
         bound: dict[OwnerKey, int] = {}
         for node in base.nodes:
             for owner, gpus in self._usage.get(node.name, {}).items():
                 if owner is not None:
                     bound[owner] = bound.get(owner, 0) + gpus
-        promised = {
+        claimed = {
             owner: gpus - bound.get(owner, 0)
-            for owner, gpus in self._wanted.get(base.name, {}).items()
+            for owner, gpus in self._claims.on_pool(base.name).items()
             if gpus > bound.get(owner, 0)
         }
-        if not promised and not any(node.name in self._usage for node in base.nodes):
+        if not claimed and not any(node.name in self._usage for node in base.nodes):
             return base
-        return replace(base, nodes=with_node_usage(base.nodes, self._usage), promised=promised)
+        return replace(base, nodes=with_node_usage(base.nodes, self._usage), claimed=claimed)
 
 
 _ABSENT = object()

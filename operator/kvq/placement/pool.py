@@ -64,9 +64,9 @@ class NodePool:
     """Labels every node of the pool carries (matched against spec.placement.nodeSelector)."""
     group: str = ""
     """The pool label's value; differs from `name` when the pool mixes GPU products."""
-    promised: Mapping[OwnerKey, int] = field(default_factory=dict)
-    """GPUs kvq's Deployments ask of the pool beyond their bound pods, by InferenceService:
-    taken once the scheduler binds their replicas, on nodes it chooses."""
+    claimed: Mapping[OwnerKey, int] = field(default_factory=dict)
+    """GPUs kvq's Deployments claim of the pool beyond their bound pods, by InferenceService
+    (placement.claims): taken once the scheduler binds their replicas, on nodes it chooses."""
     rooms: dict[Hashable, tuple[int, str]] = field(default_factory=dict, compare=False, repr=False)
     """Room already counted for a request shape (owner, replica size, replicas,
     tolerations): every rung of a decision asks the same of each pool. The pool and its
@@ -85,10 +85,10 @@ class NodePool:
         """The most allocatable memory of one node (0: no node reports it)."""
         return max((n.memory for n in self.nodes), default=0)
 
-    def promised_to_others(self, owner: OwnerKey | None) -> int:
-        """GPUs promised to every InferenceService but `owner` (whose own count as free
+    def claimed_by_others(self, owner: OwnerKey | None) -> int:
+        """GPUs claimed by every InferenceService but `owner` (whose own count as free
         for it, as its bound pods' do)."""
-        return sum(gpus for who, gpus in self.promised.items() if who != owner)
+        return sum(gpus for who, gpus in self.claimed.items() if who != owner)
 
     def in_group(self, names: tuple[str, ...] | list[str]) -> bool:
         return self.name in names or (bool(self.group) and self.group in names)
