@@ -16,6 +16,7 @@ from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
 from kvq.decide import Catalogs, OperatorConfig, Plan, Snapshot, decide
+from kvq.decide.types import NextCheck
 from kvq.fallback.ladder import LadderPolicy
 from kvq.placement.claims import GpuClaim
 from kvq.placement.discovery import GpuPod
@@ -313,7 +314,7 @@ def test_an_unknown_crash_falls_back_only_once_it_repeats_then_is_retried() -> N
         "auto",
         "2026-11-30T13:00:00Z",
     )
-    assert suspect.recheck_after == timedelta(hours=1)
+    assert suspect.next_check.after == timedelta(hours=1)
     assert suspect.status["effective"]["kvCacheDtype"] == "auto"
     # An hour later the requested dtype is tried again.
     later = decide(snapshot(with_status(body, suspect), now=T0 + timedelta(hours=1, minutes=1)))
@@ -492,7 +493,7 @@ def test_a_pool_blip_neither_moves_nor_restarts_within_the_grace_period() -> Non
     assert waiting.status["placement"]["pool"] == "gpu-h100"
     assert deployment_of(waiting) == deployment_of(placed)
     assert attempts(waiting) == []
-    assert waiting.recheck_after == timedelta(minutes=5)
+    assert waiting.next_check.after == timedelta(minutes=5)
     # The node comes back within the grace period: placed again, nothing changed.
     back = decide(
         snapshot(
@@ -526,6 +527,19 @@ def test_gpus_held_by_other_pods_make_a_pool_full() -> None:
     plan = decide(snapshot(isvc(), gpu_pods=taken))
     assert plan.status["placement"]["pool"] != cheapest
     assert conditions(plan)["Placed"] == ("True", "PoolChosen")
+
+
+def test_the_plan_says_where_it_runs_what_it_claims_and_when_to_look_again() -> None:
+    # What the operator's loop acts on, typed: never read back from status or manifests.
+    plan = decide(snapshot(isvc()))
+    pool = plan.status["placement"]["pool"]
+    assert plan.pool == pool
+    assert plan.claims == (GpuClaim(("team-a", "llama"), pool, replicas=1, gpus_per_replica=1),)
+    assert plan.next_check == NextCheck()  # placed, as asked: only a change wakes it
+    # No pool fits: it waits for GPUs to free up anywhere, and claims nothing.
+    hopeless = decide(snapshot(isvc(placement={"pools": ["no-such-pool"]})))
+    assert conditions(hopeless)["Placed"][0] == "False"
+    assert hopeless.next_check.on_gpus and hopeless.claims is None
 
 
 def test_gpus_promised_to_deployments_not_bound_yet_make_a_pool_full() -> None:

@@ -23,6 +23,7 @@ from kvq.decide.routing import ROUTE_KINDS, route
 from kvq.decide.types import EventSpec, ObjectRef, Plan, Snapshot
 from kvq.decide.workload import decide_workload
 from kvq.fallback.ladder import rfc3339
+from kvq.placement.claims import GpuClaim
 from kvq.render.manifests import workload_name
 
 # Conditions kvq writes only while the spec asks for what they describe.
@@ -113,6 +114,7 @@ def _join(
         events += [replace(e, message=f"Tier {tier.name}: {e.message}") for e in plan.events]
     events += _routing_events(previous, status)
     routing = tuple(owned_by(isvc, m) for m in routed.manifests)
+    tiers_plans = [plan for _, plan in tiered]
     apply = (*default.apply, *(m for _, plan in tiered for m in plan.apply), *routing)
     return Plan(
         apply=apply,
@@ -128,10 +130,14 @@ def _join(
                 [*default.fetch_log_tails, *(p for _, plan in tiered for p in plan.fetch_log_tails)]
             )
         ),
-        recheck_after=_soonest(
-            [default.recheck_after, *(plan.recheck_after for _, plan in tiered)]
+        # The service's status speaks for the default tier's placement and fallback.
+        next_check=replace(
+            default.next_check,
+            after=_soonest([plan.next_check.after for plan in (default, *tiers_plans)]),
         ),
         status_first=default.status_first or any(plan.status_first for _, plan in tiered),
+        pool=default.pool,
+        claims=_claims([default, *tiers_plans]),
     )
 
 
@@ -268,6 +274,15 @@ def _tier_of(obj: Mapping[str, Any]) -> str | None:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     value = labels.get(keys.LABEL_TIER)
     return str(value) if value else None
+
+
+def _claims(workloads: Sequence[Plan]) -> tuple[GpuClaim, ...] | None:
+    """What the service's engines claim: known only when every engine applied has its
+    claims known (an autoscaler's replicas are the watch's to tell)."""
+    applied = [plan.claims for plan in workloads if plan.apply]
+    if not applied or any(claims is None for claims in applied):
+        return None
+    return tuple(claim for claims in applied if claims is not None for claim in claims)
 
 
 def _soonest(values: Sequence[timedelta | None]) -> timedelta | None:

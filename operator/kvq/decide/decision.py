@@ -177,6 +177,25 @@ def build_status(
     )
 
 
+def waits_for(
+    snap: Snapshot, previous: InferenceServiceStatus, decision: Decision
+) -> tuple[bool, bool]:
+    """(GPUs, nodes): whether GPUs taken or freed on any pool, or nodes that come or change,
+    may change this decision. GPUs: the service is not placed, runs a fallback for lack of
+    room, or its pool caps its autoscaling. Nodes: it runs a fallback a new pool may end.
+    Judged by the conditions and fields `build_status` writes."""
+    stored = previous.fallback
+    attempts = [*(stored.attempts if stored else []), *decision.moves][-MAX_ATTEMPTS:]
+    placed = _placed(decision).status == "True"
+    fallback = _fallback_active(decision, attempts).status == "True"
+    for_room = fallback and bool(attempts) and attempts[-1].cause == "Capacity"
+    autoscaling = previous.autoscaling if snap.isvc.spec.autoscaling else None
+    if decision.autoscaled is not None:
+        autoscaling = decision.autoscaled.status
+    capped = autoscaling is not None and autoscaling.limited_by == "pool"
+    return not placed or for_room or capped, fallback
+
+
 def _active_rung(decision: Decision, stored: FallbackStatus | None) -> str | None:
     if decision.blocked is not None:
         return stored.active_rung if stored else None

@@ -21,6 +21,7 @@ from kvq.decide.place import RungPlacement
 from kvq.decide.types import DEFAULT_OPERATOR_IMAGE, Catalogs, Manifest
 from kvq.fallback.ladder import Rung
 from kvq.placement.choice import PoolVerdict
+from kvq.placement.claims import GpuClaim, engine_claims
 from kvq.planner.host_tier import HostTierPlan, plan_host_tier
 from kvq.render import (
     ONE_AT_A_TIME,
@@ -46,6 +47,9 @@ class Rendered:
     pod_hash: str
     host_tier: HostTierPlan | None = None
     """The KV cache's CPU tier on this pool's plan (None: the engine keeps none)."""
+    claims: tuple[GpuClaim, ...] | None = ()
+    """What the engine Deployment claims of the pool; None: an autoscaler sets its
+    replicas, so only the watch knows."""
 
 
 def render_rung(
@@ -96,6 +100,15 @@ def render_rung(
         manifests=tuple(owned_by(isvc, m) for m in manifests),
         pod_hash=pod_hash,
         host_tier=host_tier,
+        claims=None
+        if replicas_owned_elsewhere
+        else engine_claims(
+            isvc.metadata.namespace,
+            isvc.metadata.name,
+            pool.name,
+            isvc.spec.desired_replicas(),
+            isvc.spec.placement.gpus_per_replica,
+        ),
     )
 
 

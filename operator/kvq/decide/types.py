@@ -110,6 +110,19 @@ class ObjectRef:
 
 
 @dataclass(frozen=True)
+class NextCheck:
+    """When to decide again without a change to the service or its pods."""
+
+    after: timedelta | None = None
+    """After this long (a grace period or back-off ends); None: only when something changes."""
+    on_gpus: bool = False
+    """When GPUs are taken or freed on any pool: the service waits for room (not placed, a
+    fallback for lack of room, or the pool caps its autoscaling)."""
+    on_nodes: bool = False
+    """When nodes come or change: the service runs a fallback a new pool may end."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """What to carry out; the executor decides nothing."""
 
@@ -123,9 +136,13 @@ class Plan:
     """Events for decisions that changed in this reconcile (none when nothing changed)."""
     fetch_log_tails: tuple[str, ...] = ()
     """Pods whose previous-container log the executor should read, then decide again."""
-    recheck_after: timedelta | None = None
-    """Decide again after this long even if nothing changes (a grace period or back-off
-    ends, metrics are due); None: only when something changes."""
+    next_check: NextCheck = field(default_factory=NextCheck)
+    pool: str | None = None
+    """The pool the service's engines run on or were last placed on (status.placement)."""
+    claims: tuple[GpuClaim, ...] | None = None
+    """The GPUs the engines this plan applies claim of their pools (placement's assume
+    cache counts them before the watch shows them); None: the watch knows best (nothing
+    rendered, or an autoscaler sets some engine's replicas)."""
     status_first: bool = False
     """Write status before applying: the plan moves the ladder, and the move must be on
     record before anything acts on it (a crash in between then resumes the move instead

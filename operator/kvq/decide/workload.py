@@ -21,13 +21,13 @@ from kvq.catalog.models import ModelArchitecture
 from kvq.decide.accuracy import accuracy_risks
 from kvq.decide.autoscale import autoscale
 from kvq.decide.conditions import condition
-from kvq.decide.decision import Decision, build_status, rolled_out
+from kvq.decide.decision import Decision, build_status, rolled_out, waits_for
 from kvq.decide.events import decision_events
 from kvq.decide.manifests import Rendered, owned_by, render_rung
 from kvq.decide.place import RungPlacement, place_rungs
 from kvq.decide.pod_findings import EngineFindings, current_pods, examine_pods, tally_failures
 from kvq.decide.quality import QualityGate, probe_job, read_probe
-from kvq.decide.types import ObjectRef, Plan, Snapshot
+from kvq.decide.types import NextCheck, ObjectRef, Plan, Snapshot
 from kvq.fallback.classifier import Action, Classification, FailureKind, dtype_cleared
 from kvq.fallback.key import ladder_key
 from kvq.fallback.ladder import (
@@ -161,7 +161,7 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     chosen = placements[position.rung].choice.chosen
     if chosen is None:
         # The pool is gone for now (scaled to zero?): what runs stays as it is.
-        return replace(_plan(snap, previous, decision), keep_live=True, recheck_after=grace)
+        return _keeping_live(_plan(snap, previous, decision), grace)
     try:
         rendered = render_rung(
             isvc,
@@ -377,15 +377,25 @@ def _plan(
         if objects
         else ()
     )
+    on_gpus, on_nodes = waits_for(snap, previous, decision)
+    chosen = decision.placement.choice.chosen if decision.placement else None
+    placed = previous.placement.pool if previous.placement else None
     return Plan(
         apply=objects,
         delete=delete,
         status=status.to_kube(),
         events=events,
-        recheck_after=_recheck_after(snap, decision),
+        next_check=NextCheck(_recheck_after(snap, decision), on_gpus, on_nodes),
+        pool=chosen.pool.name if chosen is not None else placed,
+        claims=rendered.claims if rendered else None,
         status_first=bool(decision.moves)
         or (decision.quality is not None and decision.quality.newly_recorded),
     )
+
+
+def _keeping_live(plan: Plan, grace: timedelta) -> Plan:
+    """Nothing applied or deleted; decided again when the grace period has passed."""
+    return replace(plan, keep_live=True, next_check=replace(plan.next_check, after=grace))
 
 
 def _recheck_after(snap: Snapshot, decision: Decision) -> timedelta | None:

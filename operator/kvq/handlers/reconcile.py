@@ -230,22 +230,15 @@ def _needs_keda(isvc: InferenceService) -> bool:
 
 
 def _pass_result(runtime: Runtime, plan: Plan) -> PassResult:
-    status = plan.status
-    conditions = {c["type"]: c for c in status.get("conditions") or []}
-    placed = conditions.get("Placed", {}).get("status") == "True"
-    fallback = conditions.get("FallbackActive", {}).get("status") == "True"
-    attempts = (status.get("fallback") or {}).get("attempts") or []
-    for_room = fallback and bool(attempts) and attempts[-1].get("cause") == "Capacity"
-    capped = (status.get("autoscaling") or {}).get("limitedBy") == "pool"
-    recheck = plan.recheck_after
+    recheck = plan.next_check.after
     if runtime.metrics_reader is not None and plan.apply:
         due = runtime.config.metrics_min_interval
         recheck = due if recheck is None else min(recheck, due)
     return PassResult(
         recheck_after=recheck,
-        pool=(status.get("placement") or {}).get("pool"),
-        watches_capacity=not placed or for_room or capped,
-        watches_nodes=fallback,
+        pool=plan.pool,
+        watches_capacity=plan.next_check.on_gpus,
+        watches_nodes=plan.next_check.on_nodes,
     )
 
 

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kvq.decide.types import Plan, Snapshot
-from kvq.placement.claims import gpu_claim
 from kvq.placement.fleet import Fleet
 from kvq.placement.pool import OwnerKey
 
@@ -39,10 +38,4 @@ class SerialDecisions:
     def _assume(self, owner: OwnerKey, plan: Plan) -> None:
         if plan.keep_live:
             return  # nothing applied: what was claimed stands
-        deployments = [m for m in plan.apply if m.get("kind") == "Deployment"]
-        if not deployments or any("replicas" not in m.get("spec", {}) for m in deployments):
-            # No engine, or replicas another controller sets (KEDA): the watch knows best.
-            self.fleet.assume(owner, None)
-            return
-        found = [gpu_claim(m) for m in deployments]
-        self.fleet.assume(owner, [c for c in found if c is not None])
+        self.fleet.assume(owner, plan.claims)

@@ -61,6 +61,16 @@ def gpu_claim(deployment: Mapping[str, Any]) -> GpuClaim | None:
     return GpuClaim((str(namespace), str(owner)), str(pool), replicas, gpus)
 
 
+def engine_claims(
+    namespace: str | None, name: str, pool: str, replicas: int, gpus_per_replica: int
+) -> tuple[GpuClaim, ...]:
+    """What an engine Deployment kvq renders claims of `pool` (none without a GPU or a
+    namespace, as `gpu_claim` reads such a Deployment)."""
+    if not namespace or not name or gpus_per_replica <= 0:
+        return ()
+    return (GpuClaim((namespace, name), pool, replicas, gpus_per_replica),)
+
+
 def claimed_by_pool(claims: Iterable[GpuClaim]) -> dict[tuple[OwnerKey, str], int]:
     """GPUs each owner claims of each pool (tiers on one pool add up)."""
     claimed: dict[tuple[OwnerKey, str], int] = {}
