@@ -36,7 +36,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from kvq.api.engine import MANAGED_FLAGS, EngineSpec
-from kvq.api.environment import EnvVar, KeySelector, ObjectRef
+from kvq.api.environment import EnvFromRef, EnvVar, KeySelector
 from kvq.api.keys import API_VERSION, KIND
 from kvq.api.model import AwqSpec, ModelSpec, SecretKeyRef
 from kvq.api.model_cache import ModelCacheSpec
@@ -753,7 +753,7 @@ def _hints() -> dict[tuple[type[BaseModel], str], Hint]:
         (SecretKeyRef, "key"): Hint(_SECRET_KEYS, _BAD_SECRET_KEYS),
         (KeySelector, "name"): Hint(_SECRET_NAMES, _BAD_SECRET_NAMES),
         (KeySelector, "key"): Hint(_SECRET_KEYS, _BAD_SECRET_KEYS),
-        (ObjectRef, "name"): Hint(_SECRET_NAMES, _BAD_SECRET_NAMES),
+        (EnvFromRef, "name"): Hint(_SECRET_NAMES, _BAD_SECRET_NAMES),
         (InferenceServiceSpec, "pod"): Hint(_POD_SETTINGS, _BAD_POD_SETTINGS),
         (PlacementSpec, "priority_class_name"): Hint(_SECRET_NAMES, _BAD_SECRET_NAMES),
         (PlacementSpec, "affinity"): Hint(_AFFINITIES, _BAD_AFFINITIES),

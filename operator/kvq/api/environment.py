@@ -43,7 +43,7 @@ class EnvVarSource(KubeModel):
     """A key of a ConfigMap (settings: HF_ENDPOINT, AWS_REGION, ...)."""
 
 
-class ObjectRef(KubeModel):
+class EnvFromRef(KubeModel):
     """A Secret or ConfigMap in the InferenceService's namespace."""
 
     name: ObjectName
@@ -63,9 +63,9 @@ class EnvFromSource(KubeModel):
         ),
     )
 
-    secret_ref: ObjectRef | None = None
+    secret_ref: EnvFromRef | None = None
     """A Secret whose keys become variables (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)."""
-    config_map_ref: ObjectRef | None = None
+    config_map_ref: EnvFromRef | None = None
     """A ConfigMap whose keys become variables."""
     prefix: Annotated[str | None, Field(max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = None
     """Prepended to every key's name."""
