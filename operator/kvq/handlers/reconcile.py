@@ -1,8 +1,9 @@
-"""The one reconcile: read (watch caches) -> decide (pure) -> execute (k8s). Same every time.
+"""The one reconcile: read (watch caches, discovery, Prometheus) -> decide (pure) -> execute
+(k8s). Same every time.
 
-Two stages, each run in a worker thread: `decide_pass` (CPU: the decision, from what was
-copied out of kopf's indices on the event loop before it started, `Observed`, so nothing
-changes under it) and `carry_out` (I/O: the plan's writes). The controller admits them
+Two stages, each run in a worker thread: `decide_pass` (`read_pass` on what was copied out
+of kopf's indices on the event loop before it started, `Observed`, so nothing changes under
+it; then the decision) and `carry_out` (I/O: the plan's writes). The controller admits them
 separately, so new decisions are not held up by other passes waiting on the API server.
 """
 
@@ -11,31 +12,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kvq.api.resource import InferenceService
-from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
-from kvq.catalog.engines import EngineVersionError
+from kvq.api.validation import InvalidInferenceServiceError
 from kvq.decide import decide
 from kvq.decide.invalid import REASON as INVALID_REASON
 from kvq.decide.invalid import invalid_status
-from kvq.decide.metrics import EngineReading
 from kvq.decide.types import Catalogs, EventSpec, OperatorConfig, Plan, Snapshot
 from kvq.handlers.controller import PassResult
+from kvq.handlers.read_pass import Observed, Read, read_pass, with_log_tails
 from kvq.handlers.serial_decisions import SerialDecisions
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.executor import WRITES, ExecutionResult, Memory, execute
-from kvq.k8s.logs import read_log_tails
 from kvq.k8s.status_writer import ObjectGoneError, StatusConflictError, write_status
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 from kvq.observe.prometheus import PrometheusReader
 from kvq.placement.fleet import Fleet
-from kvq.render.autoscaling import SCALED_OBJECT_API, SCALED_OBJECT_KIND
-from kvq.render.routing import HTTP_ROUTE_API, INFERENCE_POOL_API
-from kvq.render.settings import RenderError, engine_image_and_version
 
 OPTIONAL_API_RECHECK_S = 300.0
 
@@ -79,18 +74,6 @@ class Runtime:
 
 
 @dataclass(frozen=True)
-class Observed:
-    """One service's view of the watch caches, copied out before the reconcile runs (the
-    pools come from the runtime's Fleet when the pass decides)."""
-
-    body: Mapping[str, Any]
-    """The InferenceService (a detached copy)."""
-    pods: Sequence[Mapping[str, Any]]
-    owned: Sequence[Mapping[str, Any]]
-    """Objects labelled with this service's name (any incarnation: filtered by owner uid)."""
-
-
-@dataclass(frozen=True)
 class Outcome:
     """A reconcile's result for tests and logs: the plan and what was carried out."""
 
@@ -124,8 +107,7 @@ def reconcile(runtime: Runtime, observed: Observed, now: datetime | None = None)
 
 
 def decide_pass(runtime: Runtime, observed: Observed, now: datetime | None = None) -> Decided:
-    """The first stage of a pass: the plan, from the watch caches (no write, and no read
-    but a crashed engine's log tail when its termination message says too little)."""
+    """The first stage of a pass: read (discovery, Prometheus), then decide; no write."""
     now = now or datetime.now(UTC)
     raw = dict(runtime.memory.forms.newest(observed.body))
     if raw["metadata"].get("deletionTimestamp"):
@@ -133,13 +115,23 @@ def decide_pass(runtime: Runtime, observed: Observed, now: datetime | None = Non
         RECONCILES.labels(result="deleting").inc()
         return Decided(raw, now, done=Outcome(None, None, PassResult(gone=True)))
     try:
-        plan, owned = _decide_valid(runtime, raw, observed, now)
+        read = read_pass(runtime, raw, observed, now)
+        plan = _decide(runtime, read)
     except InvalidInferenceServiceError as invalid:
         return Decided(raw, now, invalid=invalid)
     except Exception:
         _count_error()
         raise
-    return Decided(raw, now, plan=plan, owned=owned)
+    return Decided(raw, now, plan=plan, owned=read.snapshot.owned)
+
+
+def _decide(runtime: Runtime, read: Read) -> Plan:
+    plan = runtime.decisions.decide(read.owner, read.snapshot, _timed_decide)
+    if plan.fetch_log_tails:
+        # A crash whose termination message says too little: its log, then decide again.
+        read = with_log_tails(runtime, read, plan.fetch_log_tails)
+        plan = runtime.decisions.decide(read.owner, read.snapshot, _timed_decide)
+    return plan
 
 
 async def carry_out(runtime: Runtime, decided: Decided, urgency: int = 0) -> Outcome:
@@ -179,56 +171,6 @@ def _count_error() -> None:
     RECONCILE_ERRORS.inc()
 
 
-def _decide_valid(
-    runtime: Runtime, raw: dict[str, Any], observed: Observed, now: datetime
-) -> tuple[Plan, list[Mapping[str, Any]]]:
-    isvc = parse_inference_service(raw)
-    uid = raw["metadata"]["uid"]
-    owned = [obj for obj in observed.owned if _controlled_by(obj, uid)]
-    deployment = next(
-        (
-            o
-            for o in owned
-            if o["kind"] == "Deployment" and o["metadata"]["name"] == isvc.metadata.name
-        ),
-        None,
-    )
-    snapshot = Snapshot(
-        isvc=isvc,
-        nodes=(),  # the pools are the fleet's (SerialDecisions.decide)
-        pods=observed.pods,
-        deployment=deployment,
-        now=now,
-        catalogs=runtime.catalogs,
-        config=runtime.config,
-        owned=owned,
-        engine_metrics=_engine_metrics(runtime, isvc, deployment),
-        keda=_needs_keda(isvc) and runtime.serves(SCALED_OBJECT_API, SCALED_OBJECT_KIND),
-        gateway_api=isvc.spec.routing is not None and runtime.serves(HTTP_ROUTE_API, "HTTPRoute"),
-        inference_pools=isvc.spec.routing is not None
-        and isvc.spec.routing.inference_pool
-        and runtime.serves(INFERENCE_POOL_API, "InferencePool"),
-    )
-    owner = (isvc.metadata.namespace or "", isvc.metadata.name)
-    plan = runtime.decisions.decide(owner, snapshot, _timed_decide)
-    if plan.fetch_log_tails:
-        tails = read_log_tails(
-            runtime.clients,
-            isvc.metadata.namespace or "",
-            plan.fetch_log_tails,
-            observed.pods,
-            runtime.config,
-        )
-        plan = runtime.decisions.decide(owner, replace(snapshot, log_tails=tails), _timed_decide)
-    return plan, owned
-
-
-def _needs_keda(isvc: InferenceService) -> bool:
-    return isvc.spec.autoscaling is not None or any(
-        t.autoscaling is not None for t in isvc.spec.tiers
-    )
-
-
 def _pass_result(runtime: Runtime, plan: Plan) -> PassResult:
     recheck = plan.next_check.after
     if runtime.metrics_reader is not None and plan.apply:
@@ -240,28 +182,6 @@ def _pass_result(runtime: Runtime, plan: Plan) -> PassResult:
         watches_capacity=plan.next_check.on_gpus,
         watches_nodes=plan.next_check.on_nodes,
     )
-
-
-def _engine_metrics(
-    runtime: Runtime, isvc: InferenceService, deployment: Mapping[str, Any] | None
-) -> EngineReading | None:
-    """The engines' metrics from Prometheus (rate-limited by the reader); None without
-    a Prometheus or before kvq deployed anything."""
-    if runtime.metrics_reader is None or deployment is None:
-        return None
-    try:
-        version = engine_image_and_version(isvc)[1]
-        names = runtime.catalogs.engines.capability(version).metrics
-    except (RenderError, EngineVersionError):
-        return None  # decide() reports the version problem in status
-    # The engine Service is named after the InferenceService (the scrape label contract).
-    return runtime.metrics_reader.read(isvc.metadata.namespace or "", isvc.metadata.name, names)
-
-
-def _controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
-    """Labels name the InferenceService; only the ownerReference says it is this incarnation."""
-    references = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return any(r.get("uid") == uid and r.get("controller") for r in references)
 
 
 def _timed_decide(snapshot: Snapshot) -> Plan:
