@@ -669,6 +669,22 @@ _BAD_ARCHITECTURES = st.sampled_from(
 )
 
 
+# Layouts a user writes: one node's tensor parallel, or whole nodes of stages (renderable).
+_PARALLELISMS = st.sampled_from(
+    [{}, {"tensor": 2}, {"tensor": 4}, {"tensor": 8}, {"tensor": 2, "pipeline": 2}]
+)
+# The placement rules' mistakes: a replica larger than a node without a layout, and a layout
+# that contradicts gpusPerReplica (a node's count kept after adding stages).
+_BAD_PLACEMENTS = st.sampled_from(
+    [
+        {"gpusPerReplica": 16},
+        {"gpusPerReplica": 8, "parallelism": {"tensor": 8, "pipeline": 2}},
+        {"gpusPerReplica": 12, "parallelism": {"tensor": 4}},
+        {"gpusPerReplica": 16, "parallelism": {"pipeline": 2}},
+    ]
+)
+
+
 @st.composite
 def _tolerations(draw: st.DrawFn) -> dict[str, Any]:
     """Tolerations a pod may carry (Kubernetes' own rules, not only the CRD's)."""
@@ -766,6 +782,8 @@ def _hints() -> dict[tuple[type[BaseModel], str], Hint]:
             rules=2,
         ),
         (PlacementSpec, "node_selector"): Hint(_LABELS, _BAD_LABELS),
+        (PlacementSpec, "gpus_per_replica"): Hint(st.sampled_from([1, 1, 2, 4, 8])),
+        (PlacementSpec, "parallelism"): Hint(_PARALLELISMS),
         (TierSpec, "name"): Hint(invalid=st.sampled_from(["default", "Fast", "a_b", "-x"])),
         (InferenceServiceSpec, "rollout"): Hint(_rollouts()),
         (PlacementSpec, "pools"): Hint(
@@ -792,6 +810,7 @@ class DocumentStrategies:
         # Cross-field rules of objects a random draw rarely breaks.
         self.hints[InferenceServiceSpec, "autoscaling"] = Hint(invalid=_BAD_AUTOSCALING)
         self.hints[InferenceServiceSpec, "quality"] = Hint(invalid=_BAD_QUALITY)
+        self.hints[InferenceServiceSpec, "placement"] = Hint(invalid=_BAD_PLACEMENTS, rules=2)
         self.hints[InferenceService, "spec"] = Hint(invalid=st.just(_BAD_SPEC))
         tiers = st.lists(self.model_values(TierSpec), max_size=2, unique_by=lambda t: t["name"])
         self.hints[InferenceServiceSpec, "tiers"] = Hint(tiers, _BAD_TIERS)

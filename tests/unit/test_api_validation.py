@@ -157,6 +157,20 @@ def test_only_wire_names_are_fields() -> None:
     assert PlacementSpec(gpus_per_replica=2).to_kube()["gpusPerReplica"] == 2
 
 
+def test_gpus_per_replica_follows_the_parallelism_when_omitted() -> None:
+    two_nodes = parse_inference_service(
+        _with({"placement": {"parallelism": {"tensor": 8, "pipeline": 2}}})
+    )
+    assert two_nodes.spec.placement.gpus_per_replica == 16
+    assert two_nodes.spec.placement.to_kube()["gpusPerReplica"] == 16
+    stages = parse_inference_service(_with({"placement": {"parallelism": {"pipeline": 2}}}))
+    assert stages.spec.placement.gpus_per_replica == 2
+    # Stated both ways, they must agree; more than a node needs the layout said.
+    assert not find_violations(
+        _with({"placement": {"gpusPerReplica": 16, "parallelism": {"tensor": 8, "pipeline": 2}}})
+    )
+
+
 def test_a_null_is_read_as_absent_and_the_default_applies() -> None:
     doc = _with({"replicas": None, "kvCache": None, "placement": {"nodeSelector": {"a": None}}})
     isvc = parse_inference_service(doc)

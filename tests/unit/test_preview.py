@@ -146,6 +146,33 @@ def test_validate_refuses_more_gpus_per_replica_than_a_node_has(tmp_path: Path) 
     assert "inferenceservice/qwen valid (default tier: rung requested on pool" in ok.stdout
 
 
+def test_validate_names_the_layouts_the_model_allows_and_what_spans_nodes(
+    tmp_path: Path,
+) -> None:
+    def service(model: str, parallelism: dict[str, int]) -> str:
+        doc = {
+            "apiVersion": "kvq.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": "big"},
+            "spec": {"model": {"uri": model}, "placement": {"parallelism": parallelism}},
+        }
+        return write(tmp_path, doc, name=f"big-{len(parallelism)}-{model[-4:]}.yaml")
+
+    qwen = service("hf://Qwen/Qwen2.5-7B-Instruct", {"tensor": 8, "pipeline": 1})
+    refused = runner.invoke(app, ["validate", "-f", qwen, "--pool", "H100"])
+    assert refused.exit_code == 1
+    assert (
+        "parallelism.tensor 8 does not divide the model's 28 attention heads, which vLLM "
+        "refuses at start-up; valid sizes: 1, 2, 4"
+    ) in refused.stdout
+    two_nodes = service("hf://meta-llama/Llama-3.1-405B-Instruct", {"tensor": 8, "pipeline": 2})
+    spans = runner.invoke(app, ["validate", "-f", two_nodes, "--pool", "H100", "--node-count", "2"])
+    assert spans.exit_code == 1
+    assert "tensor 8 x pipeline 2 = 16 GPUs spans 2 nodes of 8 GPUs" in spans.stdout
+    assert "the operator does not place them yet" in spans.stdout
+    assert runner.invoke(app, ["validate", "-f", two_nodes]).exit_code == 0  # the API allows it
+
+
 def node(name: str, product: str, gpus: int, pool: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",

@@ -210,6 +210,18 @@ CASES = [
         ),
         "H100-SXM-80GB",
     ),
+    Case(
+        # Two pipeline stages of four GPUs on one 8-GPU node: both sizes rendered.
+        "tp4-pp2-one-node",
+        lambda: isvc(
+            name="llama70b",
+            model={"uri": "hf://meta-llama/Llama-3.1-70B-Instruct"},
+            kvCache={"dtype": "fp8"},
+            memory={"maxModelLen": 32768},
+            placement={"parallelism": {"tensor": 4, "pipeline": 2}},
+        ),
+        "H100-SXM-80GB",
+    ),
 ]
 
 

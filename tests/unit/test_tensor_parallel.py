@@ -9,7 +9,11 @@ import pytest
 
 from kvq.catalog.models import ModelArchitecture, load_model_catalog
 from kvq.placement.choice import choose_pool
-from kvq.placement.tensor_parallel import tensor_parallel_problem, valid_tensor_parallel_sizes
+from kvq.placement.tensor_parallel import (
+    layout_problem,
+    tensor_parallel_problem,
+    valid_tensor_parallel_sizes,
+)
 from tests.unit.test_choice import ENGINE, inventory, reasons, request
 
 MODELS = load_model_catalog()
@@ -80,3 +84,33 @@ def test_placement_refuses_a_split_vllm_would_refuse_on_every_pool() -> None:
     assert "valid sizes: 1, 2, 4" in reasons(choice, "gpu-h100")
     # The pool's own limit is reported beside it: one GPU per T4 node.
     assert "nodes have 1 GPUs, a replica needs 8" in reasons(choice, "t4-pool")
+
+
+def test_a_declared_layout_names_its_own_fields_and_the_valid_sizes() -> None:
+    assert layout_problem(shape(28, 4), 8, 2, declared=True) == (
+        "parallelism.tensor 8 does not divide the model's 28 attention heads, which vLLM "
+        "refuses at start-up; valid sizes: 1, 2, 4"
+    )
+    # Two layers: a third stage would hold none.
+    assert layout_problem(shape(28, 4), 4, 3, declared=True) == (
+        "parallelism.pipeline 3 is more stages than the model's 2 layers (a stage would hold "
+        "none); valid sizes: 1, 2"
+    )
+    assert layout_problem(model("llama-3-70b"), 8, 16, declared=True) is None
+
+
+def test_placement_refuses_a_replica_over_several_nodes_and_says_what_is_planned() -> None:
+    llama_405b = model("meta-llama/Llama-3.1-405B-Instruct")
+    two_nodes = request(gpus_per_replica=16, pipeline_parallel=2, parallelism_declared=True)
+    choice = choose_pool(two_nodes, inventory(), ENGINE, llama_405b)
+    assert choice.chosen is None
+    assert reasons(choice, "gpu-h100").startswith(
+        "a replica of tensor 8 x pipeline 2 = 16 GPUs spans 2 nodes of 8 GPUs: kvq plans "
+        "multi-node replicas (kvq plan -f) but the operator does not place them yet"
+    )
+    # Stages within one node are placed like any replica: 4 x 2 on an 8-GPU node.
+    one_node = request(gpus_per_replica=8, pipeline_parallel=2, parallelism_declared=True)
+    llama_70b = model("meta-llama/Llama-3.1-70B-Instruct")
+    chosen = choose_pool(one_node, inventory(), ENGINE, llama_70b).chosen
+    assert chosen is not None and chosen.plan is not None
+    assert (chosen.plan.tensor_parallel, chosen.plan.pipeline_parallel) == (4, 2)

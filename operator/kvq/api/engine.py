@@ -25,6 +25,8 @@ MANAGED_FLAGS = (
     "--max-num-seqs",
     "--tensor-parallel-size",
     "-tp",
+    "--pipeline-parallel-size",
+    "-pp",
     "--kv-cache-memory-bytes",
     "--kv-offloading-size",
     "--kv-offloading-backend",

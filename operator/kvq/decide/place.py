@@ -100,6 +100,8 @@ def place_rungs(
             host_tier_bytes=host_tier_bytes(isvc, sized),
             hybrid_kv_cache_manager=manager.hybrid_manager,
             kv_cache_dtype_skip_layers=manager.skip_layers,
+            pipeline_parallel=spec.placement.pipeline_parallel,
+            parallelism_declared=spec.placement.parallelism is not None,
         )
         choice = choose_pool(request, inventory, capability, arch)
         placements[rung] = RungPlacement(rung, dtype, choice, _state(rung, choice))

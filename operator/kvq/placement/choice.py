@@ -20,7 +20,7 @@ from kvq.catalog.engines import EngineCapability
 from kvq.catalog.models import ModelArchitecture
 from kvq.placement.discovery import TRANSIENT_TAINT_KEYS, Inventory
 from kvq.placement.pool import NodePool, OwnerKey, Taint
-from kvq.placement.tensor_parallel import tensor_parallel_problem
+from kvq.placement.tensor_parallel import layout_problem
 from kvq.planner import CapacityPlan, plan_capacity
 from kvq.planner.weights import WeightFormat
 
@@ -64,6 +64,14 @@ class PoolRequest:
     """False when spec.engine.extraArgs has --disable-hybrid-kv-cache-manager."""
     kv_cache_dtype_skip_layers: tuple[str, ...] = ()
     """spec.engine.extraArgs' --kv-cache-dtype-skip-layers: layers kept at the model dtype."""
+    pipeline_parallel: int = 1
+    """spec.placement.parallelism.pipeline: stages of gpus_per_replica / pipeline GPUs each."""
+    parallelism_declared: bool = False
+    """spec.placement.parallelism is given (messages name its fields)."""
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.gpus_per_replica // self.pipeline_parallel
 
 
 @dataclass(frozen=True)
@@ -182,14 +190,15 @@ def _judge(
     if untolerated:
         taints = ", ".join(f"{t.key}={t.value or ''}:{t.effect}" for t in untolerated)
         reasons.append(f"taints not tolerated: {taints} (add them to spec.placement.tolerations)")
-    if pool.gpus_per_node < request.gpus_per_replica:
-        reasons.append(
-            f"nodes have {pool.gpus_per_node} GPUs, a replica needs {request.gpus_per_replica}"
-        )
+    nodes = _split_problem(pool, request)
+    if nodes is not None:
+        reasons.append(nodes)
     memory = _memory_problem(pool, request)
     if memory is not None:
         reasons.append(memory)
-    split = tensor_parallel_problem(arch, request.gpus_per_replica)
+    split = layout_problem(
+        arch, request.tensor_parallel, request.pipeline_parallel, request.parallelism_declared
+    )
     if split is not None:
         reasons.append(split)
     verdict = capability.kv_dtype_verdict(request.kv_cache_dtype, pool.gpu.compute_capability)
@@ -201,7 +210,8 @@ def _judge(
         arch,
         pool.gpu,
         request.kv_cache_dtype,
-        tensor_parallel=request.gpus_per_replica,
+        tensor_parallel=request.tensor_parallel,
+        pipeline_parallel=request.pipeline_parallel,
         gpu_memory_utilization=request.gpu_memory_utilization,
         max_model_len=request.max_model_len,
         block_size=request.block_size or DEFAULT_BLOCK_SIZE,
@@ -222,6 +232,21 @@ def _judge(
     if request.unschedulable and pool.name == request.current_pool:
         not_now = f"replicas cannot be scheduled ({request.unschedulable})"
     return PoolVerdict(pool, tuple(reasons), plan, slots, not_now)
+
+
+def _split_problem(pool: NodePool, request: PoolRequest) -> str | None:
+    """Why one replica's GPUs do not fit on one node of the pool (None: they do)."""
+    need, per_node = request.gpus_per_replica, pool.gpus_per_node
+    if need <= per_node:
+        return None
+    tensor, pipeline = request.tensor_parallel, request.pipeline_parallel
+    if pipeline == 1 or tensor > per_node or per_node % tensor or need % per_node:
+        return f"nodes have {per_node} GPUs, a replica needs {need}"
+    return (
+        f"a replica of tensor {tensor} x pipeline {pipeline} = {need} GPUs spans "
+        f"{need // per_node} nodes of {per_node} GPUs: kvq plans multi-node replicas "
+        "(kvq plan -f) but the operator does not place them yet"
+    )
 
 
 def _memory_problem(pool: NodePool, request: PoolRequest) -> str | None:

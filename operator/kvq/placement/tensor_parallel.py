@@ -1,11 +1,13 @@
-"""Which tensor-parallel sizes a model can be split into, as vLLM decides at start-up.
+"""Which tensor- and pipeline-parallel sizes a model can be split into, as vLLM decides at
+start-up.
 
 vLLM shards attention by heads: the query heads must divide evenly over the GPUs
 ("Total number of attention heads must be divisible by tensor parallel size"). KV heads
 either divide evenly too or, when there are fewer KV heads than GPUs, are replicated:
 then the GPUs must be a multiple of the KV heads (QKVParallelLinear's
 `num_kv_head_replicas = divide(tp_size, total_num_kv_heads)`). MLA models have one
-latent per token instead of KV heads: only the query heads count.
+latent per token instead of KV heads: only the query heads count. Pipeline stages split the
+layers (`get_pp_indices`): more stages than layers leaves a stage with none.
 """
 
 from __future__ import annotations
@@ -13,9 +15,29 @@ from __future__ import annotations
 from kvq.catalog.models import ModelArchitecture
 
 MAX_GPUS_PER_REPLICA = 8
+MAX_PIPELINE_STAGES = 16
 
 
-def tensor_parallel_problem(arch: ModelArchitecture, tp: int) -> str | None:
+def layout_problem(
+    arch: ModelArchitecture, tensor: int, pipeline: int, declared: bool
+) -> str | None:
+    """Why vLLM would refuse `tensor` x `pipeline` for `arch`; None when it can. `declared`:
+    the spec says placement.parallelism (the message names the field the user wrote)."""
+    field = "parallelism.tensor" if declared else "gpusPerReplica"
+    problem = tensor_parallel_problem(arch, tensor, field)
+    if problem is not None or pipeline <= arch.num_layers:
+        return problem
+    top = min(arch.num_layers, MAX_PIPELINE_STAGES)
+    sizes = ", ".join(str(n) for n in range(1, top + 1)) if top <= 8 else f"1 to {top}"
+    return (
+        f"parallelism.pipeline {pipeline} is more stages than the model's {arch.num_layers} "
+        f"layers (a stage would hold none); valid sizes: {sizes}"
+    )
+
+
+def tensor_parallel_problem(
+    arch: ModelArchitecture, tp: int, field: str = "gpusPerReplica"
+) -> str | None:
     """Why vLLM would refuse to split `arch` over `tp` GPUs; None when it can."""
     heads = arch.num_attention_heads
     if heads % tp:
@@ -32,7 +54,7 @@ def tensor_parallel_problem(arch: ModelArchitecture, tp: int) -> str | None:
         return None
     sizes = ", ".join(str(n) for n in valid_tensor_parallel_sizes(arch))
     return (
-        f"gpusPerReplica {tp} {why}, which vLLM refuses at start-up; valid sizes: "
+        f"{field} {tp} {why}, which vLLM refuses at start-up; valid sizes: "
         f"{sizes or 'none up to ' + str(MAX_GPUS_PER_REPLICA)}"
     )
 

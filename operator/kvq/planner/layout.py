@@ -12,12 +12,12 @@ Facts from vLLM 0.26.0's source:
   count must divide it; TP at or above it must be a multiple of it (each head is then
   replicated on TP / heads ranks). MLA has one latent per token, replicated on every rank
   (`ModelConfig.get_num_kv_heads`: 1 for MLA), so only the attention-head rule applies.
-- vLLM sizes one KV cache for the whole world from the smallest free memory of any rank, so
-  the stage with the most attention layers bounds a replica's tokens.
+- vLLM gives every rank the smallest block count of any rank: the stage with the least room
+  bounds a replica's tokens (planner/stages.py plans each stage's memory; it is not always
+  the stage with the most attention layers).
 
-Not yet used by the InferenceService API: `spec.placement.gpusPerReplica` is still one node's
-TP (issue 24); `kvq plan` and the rendering of multi-node replicas (LeaderWorkerSet) are the
-next steps.
+`spec.placement.parallelism` declares the layout; `kvq plan` shows it. The operator places
+single-node layouts only; multi-node replicas (LeaderWorkerSet) are the next step (issue 24).
 """
 
 from __future__ import annotations
@@ -55,10 +55,11 @@ class LayoutPlan:
     nodes: int
     gpus_per_node: int
     stage_layers: tuple[int, ...]
-    # Attention layers (those with a KV cache) per stage; the largest bounds the cache.
+    # Attention layers (those with a KV cache) per stage.
     stage_attention_layers: tuple[int, ...]
     kv_heads_per_gpu: int
-    # KV bytes per token on one GPU of the stage with the most attention layers.
+    # KV bytes per token on one GPU of the stage with the most attention layers (what
+    # bounds the cache is the stage with the least room: planner/stages.py).
     kv_bytes_per_token_per_gpu: int
 
 

@@ -105,10 +105,37 @@ def _state_mixer_counts(arch: ModelArchitecture, tp: int) -> ParameterCounts:
     return ParameterCounts(linear, other)
 
 
-def parameter_counts_per_gpu(arch: ModelArchitecture, tensor_parallel: int = 1) -> ParameterCounts:
+@dataclass(frozen=True)
+class StageSpan:
+    """The layers one pipeline stage holds (vLLM's get_pp_indices), and its ends: the first
+    stage holds the token embedding, the last the final norm and the LM head (and, with tied
+    embeddings, its own copy of the embedding: vLLM builds embed_tokens on the last rank
+    too, models/llama.py)."""
+
+    start: int
+    count: int
+    first: bool = True
+    last: bool = True
+
+    @staticmethod
+    def whole(arch: ModelArchitecture) -> StageSpan:
+        return StageSpan(0, arch.num_layers)
+
+    def vocab_matrices(self, tied: bool) -> int:
+        if self.first and self.last:
+            return 1 if tied else 2
+        return int(self.first) + int(self.last)
+
+
+def parameter_counts_per_gpu(
+    arch: ModelArchitecture, tensor_parallel: int = 1, stage: StageSpan | None = None
+) -> ParameterCounts:
     """Parameters one rank holds, derived from the shape (vocab padded as vLLM pads it):
-    each layer's mixer (attention or Mamba state) and its MLP (dense, experts or none)."""
+    each layer's mixer (attention or Mamba state) and its MLP (dense, experts or none);
+    with `stage`, only that pipeline stage's layers and ends."""
     tp = tensor_parallel
+    span = stage or StageSpan.whole(arch)
+    layers = slice(span.start, span.start + span.count)
     attn = _attention_counts(arch, tp)
     mlp = {
         "dense": _mlp_counts(arch, tp, moe_layer=False),
@@ -117,16 +144,16 @@ def parameter_counts_per_gpu(arch: ModelArchitecture, tensor_parallel: int = 1) 
     }
     state = _state_mixer_counts(arch, tp) if arch.state is not None else ParameterCounts(0, 0)
     linear = other = experts = 0
-    for kind, mlp_kind in zip(arch.layer_kinds, arch.mlp_kinds, strict=True):
+    for kind, mlp_kind in zip(arch.layer_kinds[layers], arch.mlp_kinds[layers], strict=True):
         mixer = {"mamba": state, "linear_attention": state, "mlp": ParameterCounts(0, 0)}.get(
             kind, attn
         )
         linear += mixer.linear + mlp[mlp_kind].linear
         other += mixer.other + mlp[mlp_kind].other
         experts += mlp[mlp_kind].experts
-    norms = (2 * arch.num_layers + 1) * arch.hidden_size
+    norms = (2 * span.count + int(span.last)) * arch.hidden_size
     vocab_rows = _ceil_div(_ceil_div(arch.vocab_size, _VOCAB_PADDING) * _VOCAB_PADDING, tp)
-    embeddings = vocab_rows * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    embeddings = vocab_rows * arch.hidden_size * span.vocab_matrices(arch.tie_word_embeddings)
     return ParameterCounts(linear, other + norms + embeddings, experts)
 
 
@@ -138,10 +165,13 @@ def parameter_count(arch: ModelArchitecture) -> int:
 
 
 def weight_bytes_per_gpu(
-    arch: ModelArchitecture, weight_format: WeightFormat = "bf16", tensor_parallel: int = 1
+    arch: ModelArchitecture,
+    weight_format: WeightFormat = "bf16",
+    tensor_parallel: int = 1,
+    stage: StageSpan | None = None,
 ) -> int:
-    """Bytes of weights one rank loads."""
-    counts = parameter_counts_per_gpu(arch, tensor_parallel)
+    """Bytes of weights one rank loads (of one pipeline stage, with `stage`)."""
+    counts = parameter_counts_per_gpu(arch, tensor_parallel, stage)
     if arch.num_params is not None:
         # Keep the derived split between layers, scaled to the stated total.
         scale = arch.num_params / parameter_counts_per_gpu(arch, 1).total

@@ -72,13 +72,18 @@ def engine_args(
     else:
         add("--served-model-name", isvc.metadata.name)
     add("--port", str(port))
-    tp = spec.placement.gpus_per_replica
-    if tp > pool.gpus_per_node:
-        raise RenderError(
-            f"gpusPerReplica {tp} does not fit on one node of pool {pool.name} "
-            f"({pool.gpus_per_node} GPUs per node)"
+    placement = spec.placement
+    if placement.gpus_per_replica > pool.gpus_per_node:
+        spans = (
+            " (a replica over several nodes is not rendered yet)" if placement.parallelism else ""
         )
-    add("--tensor-parallel-size", str(tp))
+        raise RenderError(
+            f"gpusPerReplica {placement.gpus_per_replica} does not fit on one node of pool "
+            f"{pool.name} ({pool.gpus_per_node} GPUs per node){spans}"
+        )
+    add("--tensor-parallel-size", str(placement.tensor_parallel))
+    if placement.pipeline_parallel > 1:  # stages on one node's GPUs
+        add("--pipeline-parallel-size", str(placement.pipeline_parallel))
 
     verdict = capability.kv_dtype_verdict(effective.kv_cache_dtype, pool.gpu.compute_capability)
     if not verdict.ok or verdict.engine_value is None:
