@@ -6,8 +6,13 @@ and name), and applying each printed object as the operator's field manager (a s
 dry run) changes nothing in the live one.
 
 The cluster serves KEDA's ScaledObject, the Gateway API's HTTPRoute and the InferencePool
-(their CRDs only: nothing acts on them), and the operator has a Prometheus URL for KEDA, so
-every kind kvq renders is applied.
+(their CRDs), and the operator has a Prometheus URL for KEDA, so every kind kvq renders is
+applied. That Prometheus is real and scrapes nothing: `make test` runs KEDA for the whole
+session (test_operator_autoscaling), and KEDA acts on these ScaledObjects too. With an
+unreachable Prometheus, KEDA's fallback (kvq's rule: serve maxReplicas when signals are
+missing) would scale the service to 4 replicas and the operator would rightly add a PDB that
+the preview, made for the spec's replicas, did not print. An empty Prometheus answers with no
+samples: no load, minReplicas kept, whether KEDA runs or not.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from e2e.devcluster.addons import apply_all, load_manifests
 from e2e.devcluster.binaries import build_components, cached_manifests
 from e2e.devcluster.clients import Kube
 from e2e.devcluster.waits import wait_until
+from e2e.prometheus.server import RunningPrometheus, prometheus_running
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
@@ -37,11 +43,11 @@ from tests.cluster.operator_support import (
     operator_running,
     read_isvc,
 )
+from tests.prometheus_support import require_prometheus
 
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMETHEUS = "http://prometheus.monitoring.svc:9090"
 APPLIED_TIMEOUT = 90
 # Every kind kvq applies, as (apiVersion, kind).
 KINDS = (
@@ -119,24 +125,34 @@ def served_apis(kube: Kube) -> None:
     )
 
 
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPrometheus]:
+    """A real Prometheus with no scrape targets (see the module's docstring)."""
+    require_prometheus()
+    with prometheus_running(tmp_path_factory.mktemp("prometheus"), []) as running:
+        yield running
+
+
 @pytest.fixture
 def operator(
-    kube: Kube, namespace: str, served_apis: None, tmp_path: Path
+    kube: Kube, namespace: str, served_apis: None, prometheus: RunningPrometheus, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
     # Started after the CRDs: the operator learns what the cluster serves at start-up.
-    extra = ("--autoscaling-prometheus-url", PROMETHEUS)
+    extra = ("--autoscaling-prometheus-url", prometheus.url)
     with operator_running(kube, namespace, tmp_path / "operator.log", extra) as process:
         yield process
 
 
-def render(kube: Kube, namespace: str, doc: dict[str, Any], tmp_path: Path) -> list[Any]:
+def render(
+    kube: Kube, namespace: str, doc: dict[str, Any], prometheus_url: str, tmp_path: Path
+) -> list[Any]:
     """`kvq render` as a person runs it, on the nodes `kubectl get nodes -o yaml` gives."""
     nodes = kube.api.sanitize_for_serialization(kube.core.list_node())
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({**nodes, "kind": "NodeList"}))
     (tmp_path / "isvc.yaml").write_text(yaml.safe_dump(doc))
     argv = [sys.executable, "-m", "kvq.cli", "render", "-f", str(tmp_path / "isvc.yaml")]
     argv += ["--nodes", str(tmp_path / "nodes.yaml"), "-n", namespace]
-    argv += ["--prometheus-url", PROMETHEUS]
+    argv += ["--prometheus-url", prometheus_url]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -194,10 +210,15 @@ def settle(operator: OperatorProcess) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_the_operator_applies_what_kvq_render_printed(
-    kube: Kube, namespace: str, operator: OperatorProcess, tmp_path: Path, case: str
+    kube: Kube,
+    namespace: str,
+    operator: OperatorProcess,
+    prometheus: RunningPrometheus,
+    tmp_path: Path,
+    case: str,
 ) -> None:
     doc = CASES[case]
-    printed = render(kube, namespace, doc, tmp_path)
+    printed = render(kube, namespace, doc, prometheus.url, tmp_path)
     name = doc["metadata"]["name"]
     uid = create_isvc(kube, namespace, doc)["metadata"]["uid"]
     dynamic = DynamicClient(kube.api)
