@@ -126,7 +126,7 @@ def tier_main(argv: list[str]) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = args.out / "run-in-progress.json"
     document = run_tier(info, config, run_dir, write_json(json_path))
-    stem = report.file_stem(document) + suffix
+    stem = free_stem(args.out, report.file_stem(document) + suffix)
     final = args.out / f"{stem}.json"
     json_path.replace(final)
     (args.out / f"{stem}.md").write_text(report.render_markdown(document))
@@ -138,6 +138,16 @@ def tier_main(argv: list[str]) -> int:
         f"capacity beyond 1%: {len(off)}"
     )
     return 1 if failed or off else 0
+
+
+def free_stem(out: Path, stem: str) -> str:
+    """`stem`, or `stem-2`, `stem-3`... when an earlier run of the same label and day wrote
+    its results there: a second run never overwrites the points of the first."""
+    candidate, n = stem, 1
+    while (out / f"{candidate}.json").exists():
+        n += 1
+        candidate = f"{stem}-{n}"
+    return candidate
 
 
 def within_tolerance(record: dict[str, object]) -> bool:

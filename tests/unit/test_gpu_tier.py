@@ -197,3 +197,13 @@ def test_a_whole_run_against_a_stand_in_engine(
     markdown = report.render_markdown(report.merge([document]))
     assert "dummy" in markdown and "| llama-3-8b | fp8_e5m2 | refused | crashed | 1 |" in markdown
     assert report.file_stem(document).endswith("-h200")
+
+
+def test_a_second_run_of_the_same_label_keeps_the_first_runs_results(tmp_path: Path) -> None:
+    import run  # e2e/gpu/run.py, beside gputier
+
+    assert run.free_stem(tmp_path, "2026-12-04-h200-f") == "2026-12-04-h200-f"
+    (tmp_path / "2026-12-04-h200-f.json").write_text("{}")
+    assert run.free_stem(tmp_path, "2026-12-04-h200-f") == "2026-12-04-h200-f-2"
+    (tmp_path / "2026-12-04-h200-f-2.json").write_text("{}")
+    assert run.free_stem(tmp_path, "2026-12-04-h200-f") == "2026-12-04-h200-f-3"

@@ -24,6 +24,7 @@ from kvq.planner.kv import (
     kv_tokens_for_bytes,
 )
 from kvq.planner.kv_layout import KvLayout, KvLayoutError, kv_capacity, kv_layout
+from kvq.planner.mla_backend import mla_block_size
 from kvq.planner.overhead import (
     CUDA_CONTEXT_BYTES,
     GIB,
@@ -268,8 +269,15 @@ def _plan_gpu(
         activation = forward_peak_bytes(arch, tensor_parallel, batched)
     graphs = cudagraph_bytes(arch, seqs)
     graph_estimate = cudagraph_estimate_bytes(
-        arch, seqs, runner, memory_profile, tensor_parallel=tensor_parallel, gpu=gpu
+        arch,
+        seqs,
+        runner,
+        memory_profile,
+        tensor_parallel=tensor_parallel,
+        gpu=gpu,
+        kv_cache_dtype=kv_cache_dtype,
     )
+    block_size = mla_block_size(arch, kv_cache_dtype, gpu, block_size)
     overhead = activation + NON_TORCH_BYTES + graph_estimate
     available = requested - weights - overhead
     layout: KvLayout | None = None

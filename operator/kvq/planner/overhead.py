@@ -21,6 +21,7 @@ from kvq.catalog.engines import DEFAULT_MEMORY_PROFILE, MemoryProfile
 from kvq.catalog.gpus import GpuModel
 from kvq.catalog.models import ModelArchitecture
 from kvq.planner.kv import kv_heads_per_gpu
+from kvq.planner.mla_backend import mla_backend
 
 GIB: Final = 1 << 30
 MIB: Final = 1 << 20
@@ -246,7 +247,11 @@ def cudagraph_modes(arch: ModelArchitecture) -> int:
 
 
 def mla_split_accumulator_bytes(
-    arch: ModelArchitecture, tensor_parallel: int, largest: int, gpu: GpuModel | None
+    arch: ModelArchitecture,
+    tensor_parallel: int,
+    largest: int,
+    gpu: GpuModel | None,
+    kv_cache_dtype: str = "auto",
 ) -> int:
     """FlashAttention-MLA's split-KV buffers in the first FULL graph's capture.
 
@@ -255,9 +260,10 @@ def mla_split_accumulator_bytes(
     intermediate buffers of size [num_splits, num_heads, num_tokens, head_size] are
     allocated" at capture (v1/attention/backends/mla/flashattn_mla.py): float32 output
     (head size kv_lora_rank) and log-sum-exp, for the largest capture size. FLASH_ATTN_MLA
-    is the backend vLLM picks on Hopper (cc 9.x); elsewhere kvq adds nothing.
+    is the backend vLLM picks on Hopper (cc 9.x) for a 16-bit cache; an fp8 cache runs on
+    FLASHMLA, which has no such buffers (planner/mla_backend.py); elsewhere kvq adds nothing.
     """
-    if arch.attention != "mla" or gpu is None or gpu.compute_capability[0] != 9:
+    if mla_backend(arch, kv_cache_dtype, gpu) != "FLASH_ATTN_MLA":
         return 0
     assert arch.kv_lora_rank is not None
     heads = -(-arch.num_attention_heads // tensor_parallel)
@@ -272,6 +278,7 @@ def cudagraph_estimate_bytes(
     *,
     tensor_parallel: int = 1,
     gpu: GpuModel | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> int:
     """CUDA-graph memory vLLM subtracts before sizing the KV cache.
 
@@ -293,7 +300,7 @@ def cudagraph_estimate_bytes(
     modes = cudagraph_modes(arch)
     split = 0
     if modes == 2 and sizes:
-        split = mla_split_accumulator_bytes(arch, tensor_parallel, sizes[-1], gpu)
+        split = mla_split_accumulator_bytes(arch, tensor_parallel, sizes[-1], gpu, kv_cache_dtype)
     return modes * len(sizes) * _CUDAGRAPH_ESTIMATE_PER_GRAPH + split
 
 
