@@ -41,19 +41,39 @@ def test_each_rank_launches_vllm_across_nodes_inside_the_evidence_wrapper() -> N
     single = deployment["spec"]["template"]["spec"]["containers"][0]
     leader = spec["leaderTemplate"]["spec"]["containers"][0]
     worker = spec["workerTemplate"]["spec"]["containers"][0]
+    wrapper = single["command"][: single["command"].index("--") + 1]
+    assert wrapper == ["python3", "/opt/kvq/evidence_wrapper.py", "--"]
     for pod in (leader, worker):
-        # The same wrapper and engine invocation as the single-node pod.
-        assert pod["command"][:4] == single["command"][:4]
+        # The same failure-evidence wrapper as the single-node pod, around every rank.
+        assert pod["command"][: len(wrapper)] == wrapper
         assert _flag(pod["command"], "--tensor-parallel-size") == "8"
         assert _flag(pod["command"], "--pipeline-parallel-size") == "2"
         assert _flag(pod["command"], "--nnodes") == "2"
         assert _flag(pod["command"], "--master-addr") == "$(LWS_LEADER_ADDRESS)"
         assert pod["volumeMounts"] == single["volumeMounts"]  # /dev/shm, wrapper, model
         assert pod["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    # The leader runs the single-node pod's engine: the API server and rank 0.
+    api_server = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    model = ["--model", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert leader["command"][3:8] == single["command"][3:8] == [*api_server, *model]
     assert _flag(leader["command"], "--node-rank") == "0"
     assert "--headless" not in leader["command"] and "readinessProbe" in leader
+    # A worker is a headless rank: only `vllm serve` acts on --headless (the API server's
+    # __main__ would start a whole engine), with the model as its positional argument.
+    assert worker["command"][3:8] == [
+        "python3",
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        "meta-llama/Llama-3.1-8B-Instruct",
+    ]
+    assert "--model" not in worker["command"]
     assert _flag(worker["command"], "--node-rank") == "$(LWS_WORKER_INDEX)"
     assert worker["command"][-1] == "--headless"
+    # Every other engine flag is the leader's (both end with `--node-rank RANK`).
+    assert leader["command"][-2] == worker["command"][-3] == "--node-rank"
+    assert worker["command"][8:-3] == leader["command"][8:-2]
+    assert "--served-model-name" in worker["command"][8:]
     assert "readinessProbe" not in worker and "ports" not in worker
     assert (
         spec["leaderTemplate"]["spec"]["volumes"]
@@ -76,4 +96,14 @@ def test_an_engine_without_vllms_own_multinode_launch_is_refused() -> None:
     with pytest.raises(LeaderWorkerSetError, match="do not split over 3 nodes"):
         leader_worker_set(
             deployment, Layout(tensor=8, pipeline=2), nodes=3, engine_version="0.26.0"
+        )
+
+
+def test_an_engine_command_without_a_known_vllm_launch_is_refused_for_workers() -> None:
+    deployment, _ = _rendered()
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["command"] = ["python3", "/opt/kvq/evidence_wrapper.py", "--", "my-engine"]
+    with pytest.raises(LeaderWorkerSetError, match=r"only through `vllm serve --headless`"):
+        leader_worker_set(
+            deployment, Layout(tensor=8, pipeline=2), nodes=2, engine_version="0.26.0"
         )

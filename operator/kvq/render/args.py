@@ -20,7 +20,9 @@ ENGINE_PORT = 8000
 WRAPPER_DIR = "/opt/kvq"
 WRAPPER_FILE = "evidence_wrapper.py"
 WRAPPER_PATH = f"{WRAPPER_DIR}/{WRAPPER_FILE}"
-_API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# `vllm serve` as a module: the same Python as the API server, no `vllm` script on PATH needed.
+CLI_MODULE = "vllm.entrypoints.cli.main"
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ def engine_command(
     rendered = engine_args(isvc, pool, effective, port=port, alias=alias)
     if capability.launcher == "serve":
         return ["vllm", "serve", *rendered.args]
-    return [python, "-m", _API_SERVER_MODULE, *rendered.args]
+    return [python, "-m", API_SERVER_MODULE, *rendered.args]
 
 
 def container_command(

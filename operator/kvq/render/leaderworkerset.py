@@ -7,9 +7,20 @@ the model source and cache volumes, /dev/shm, tolerations and node selector. Wha
 - One group per replica, `size` = the layout's nodes; each pod takes the node's GPUs
   (tensor x pipeline / nodes).
 - vLLM's own multiprocessing launch across nodes (vLLM 0.26.0, vllm/engine/arg_utils.py:
-  `--nnodes`, `--node-rank`, `--master-addr`; `--headless` for the ranks that serve no API,
-  vllm/entrypoints/cli/serve.py `run_headless`). It exists from vLLM 0.12; older versions
+  `--nnodes`, `--node-rank`, `--master-addr`). It exists from vLLM 0.12; older versions
   only launch across nodes with Ray, which kvq does not render.
+- The leader runs kvq's usual engine command; the workers run `vllm serve MODEL ...
+  --headless` (as `python3 -m vllm.entrypoints.cli.main serve`), because only `vllm serve`
+  acts on `--headless`. vLLM 0.26.0's source: vllm/entrypoints/openai/cli_args.py:346-358
+  (make_arg_parser) gives every entry point a positional `model_tag` and `--headless`, but
+  vllm/entrypoints/openai/api_server.py:787-799 (`__main__`) always runs
+  `uvloop.run(run_server(args))`, an API server with a whole engine; it is
+  vllm/entrypoints/cli/serve.py that reads it: :52-53 `args.model = args.model_tag`,
+  :61-69 `--headless` sets `api_server_count = 0`, :141-142 `run_headless(args)`, and
+  :206-224 a rank with `node_rank_within_dp > 0` runs only its MultiprocExecutor workers.
+  The model is the positional argument right after `serve`: vllm/utils/argparse_utils.py:
+  251-295 only warns for `--model` (and moves it first), but refuses
+  `--served-model-name` when the model is not positional.
 - The addresses come from LeaderWorkerSet's pod webhook: `LWS_LEADER_ADDRESS` (the
   leader's stable DNS name) and `LWS_WORKER_INDEX` in every container's environment, which
   Kubernetes substitutes for `$(VAR)` in the command.
@@ -26,6 +37,7 @@ import copy
 from typing import Any
 
 from kvq.planner.layout import Layout
+from kvq.render.args import API_SERVER_MODULE, CLI_MODULE
 
 API_VERSION = "leaderworkerset.x-k8s.io/v1"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -99,7 +111,7 @@ def _pod(
             **flags,
         },
     )
-    engine["command"] = [*command, "--headless"] if headless else command
+    engine["command"] = _headless(command) if headless else command
     per_pod = str(layout.gpus // nodes)
     for kind in ("requests", "limits"):
         if GPU in engine.get("resources", {}).get(kind, {}):
@@ -109,6 +121,32 @@ def _pod(
             engine.pop(probe, None)
         engine.pop("ports", None)
     return dict(pod)
+
+
+def _headless(command: list[str]) -> list[str]:
+    """The same engine command started as `vllm serve MODEL ... --headless`, behind the
+    same wrapper: the wrapper's arguments and every engine flag unchanged."""
+    for start in range(len(command)):
+        if command[start + 1 : start + 3] == ["-m", API_SERVER_MODULE]:
+            python, rest = command[start], command[start + 3 :]
+            model, rest = _pop_model(rest)
+            return [*command[:start], python, "-m", CLI_MODULE, "serve", model, *rest, "--headless"]
+        if command[start : start + 2] == ["vllm", "serve"]:  # the `serve` launcher
+            return [*command, "--headless"]
+    raise LeaderWorkerSetError(
+        f"no vLLM launch kvq knows in the engine command {command!r}: a worker rank starts"
+        " only through `vllm serve --headless`"
+    )
+
+
+def _pop_model(args: list[str]) -> tuple[str, list[str]]:
+    """`--model M` (or `--model=M`) taken out of the arguments."""
+    for i, arg in enumerate(args):
+        if arg == "--model" and i + 1 < len(args):
+            return args[i + 1], [*args[:i], *args[i + 2 :]]
+        if arg.startswith("--model="):
+            return arg.removeprefix("--model="), [*args[:i], *args[i + 1 :]]
+    raise LeaderWorkerSetError(f"the engine command {args!r} names no --model")
 
 
 def _with_flags(command: list[str], flags: dict[str, str]) -> list[str]:
