@@ -36,6 +36,7 @@ from kvq.planner.overhead import (
     cudagraph_estimate_bytes,
     engine_scheduler_defaults,
     forward_peak_bytes,
+    mla_chunked_prefill_workspace_rows,
     model_runner,
 )
 from kvq.planner.stages import (
@@ -263,10 +264,14 @@ def _plan_gpu(
     weights = weight_bytes_per_gpu(whole, weight_format, tensor_parallel, stage)
     weights += rope_cache_bytes(whole)
     runner = model_runner(whole, memory_profile)
+    block_size = mla_block_size(arch, kv_cache_dtype, gpu, block_size)
+    mla_rows = mla_chunked_prefill_workspace_rows(model_len, seqs, block_size)
     if stage is None or stage.last:
-        activation = activation_peak_bytes(arch, tensor_parallel, batched, seqs, runner)
+        activation = activation_peak_bytes(
+            arch, tensor_parallel, batched, seqs, runner, mla_workspace_rows=mla_rows
+        )
     else:  # the sampler's dummy run is the last stage's
-        activation = forward_peak_bytes(arch, tensor_parallel, batched)
+        activation = forward_peak_bytes(arch, tensor_parallel, batched, mla_workspace_rows=mla_rows)
     graphs = cudagraph_bytes(arch, seqs)
     graph_estimate = cudagraph_estimate_bytes(
         arch,
@@ -277,7 +282,6 @@ def _plan_gpu(
         gpu=gpu,
         kv_cache_dtype=kv_cache_dtype,
     )
-    block_size = mla_block_size(arch, kv_cache_dtype, gpu, block_size)
     overhead = activation + NON_TORCH_BYTES + graph_estimate
     available = requested - weights - overhead
     layout: KvLayout | None = None

@@ -100,11 +100,15 @@ def _attention_width(arch: ModelArchitecture, tp: int) -> int:
     """Activation columns live around one attention call on one rank."""
     heads = -(-arch.num_attention_heads // tp)
     if arch.attention == "mla":
+        # Alive when the profile run enters the MLA layer (layers/mla.py forward): the
+        # q projection, the fused a-projection output (q latent, kv latent, rope key; the
+        # rope key is a view of it), the normed kv latent and the empty attention output.
         assert arch.kv_lora_rank is not None and arch.rope_head_dim is not None
         nope = arch.qk_nope_head_dim or arch.head_dim
         v_dim = arch.v_head_dim or nope
         q = heads * (nope + arch.rope_head_dim)
-        return q + (arch.kv_lora_rank + arch.rope_head_dim) + heads * (nope + v_dim) + heads * v_dim
+        a_proj = (arch.q_lora_rank or 0) + arch.kv_lora_rank + arch.rope_head_dim
+        return q + a_proj + arch.kv_lora_rank + heads * v_dim
     q = heads * arch.head_dim
     kv = kv_heads_per_gpu(arch, tp) * arch.head_dim
     # qkv projection output, rotated q and k copies, attention output
@@ -159,10 +163,60 @@ def _moe_transient_bytes(arch: ModelArchitecture, tp: int, tokens: int) -> int:
     return shared + router
 
 
-def forward_peak_bytes(arch: ModelArchitecture, tensor_parallel: int, tokens: int) -> int:
-    """Torch peak of one forward pass over `tokens` tokens: residual stream + widest transient."""
+# MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size (vLLM 0.26.0): at most
+# 64k rows of context gathered per prefill chunk.
+_MLA_WORKSPACE_CAP_ROWS: Final = 64 * 1024
+
+
+def mla_chunked_prefill_workspace_rows(
+    max_model_len: int, max_num_seqs: int, block_size: int
+) -> int:
+    """Rows of MLA's chunked-prefill context workspace (layers/attention/mla_attention.py,
+    `determine_chunked_prefill_workspace_size`): 8 full-length requests or 4 blocks per
+    sequence, capped at 64k, but at least one block per sequence."""
+    rows = min(max(8 * max_model_len, 4 * max_num_seqs * block_size), _MLA_WORKSPACE_CAP_ROWS)
+    return max(rows, max_num_seqs * block_size)
+
+
+def mla_profile_up_projection_bytes(
+    arch: ModelArchitecture, tensor_parallel: int, workspace_rows: int
+) -> int:
+    """The tensor every MLA layer allocates in the profile run (attention metadata None).
+
+    MLAAttention.forward_impl (layers/attention/mla_attention.py, vLLM 0.26.0): "During the
+    profile run try to simulate to worse case output size for `self.kv_b_proj(kv_c_normed)`
+    in `_compute_prefill_context`": torch.empty((chunked_prefill_workspace_size, num_heads,
+    qk_nope_head_dim + v_head_dim)) in the activation dtype, whatever the KV-cache dtype.
+    Both runners skip attention metadata in profile_run (V1 `_dummy_run`, V2
+    `skip_attn=True`). DeepSeek-V3: 65,536 x 128 x 256 x 2 B = 4 GiB.
+    """
+    if arch.attention != "mla":
+        return 0
+    heads = -(-arch.num_attention_heads // tensor_parallel)
+    nope = arch.qk_nope_head_dim or arch.head_dim
+    v_dim = arch.v_head_dim or nope
+    return workspace_rows * heads * (nope + v_dim) * _ACT_BYTES
+
+
+def forward_peak_bytes(
+    arch: ModelArchitecture,
+    tensor_parallel: int,
+    tokens: int,
+    *,
+    mla_workspace_rows: int = _MLA_WORKSPACE_CAP_ROWS,
+) -> int:
+    """Torch peak of one forward pass over `tokens` tokens: residual stream + widest transient.
+
+    An MLA layer adds its profile-run up-projection tensor (`mla_profile_up_projection_bytes`)
+    on top of its live inputs; once an MoE layer has run, the fused-MoE workspace it keeps
+    is still allocated when the next layer's attention runs (DeepSeek-V2-Lite: layer 2 on;
+    the 4-layer DeepSeek-V3 has its only MoE layer last, so it never overlaps)."""
     residual = tokens * arch.hidden_size * _ACT_BYTES
     transient = tokens * _attention_width(arch, tensor_parallel) * _ACT_BYTES
+    if arch.attention == "mla":
+        transient += mla_profile_up_projection_bytes(arch, tensor_parallel, mla_workspace_rows)
+        if "moe" in arch.mlp_kinds[:-1]:
+            transient += held_moe_workspace_bytes(arch, tensor_parallel, tokens)
     mlps = set(arch.mlp_kinds)
     if "dense" in mlps:
         dense = tokens * _dense_mlp_width(arch, tensor_parallel) * _ACT_BYTES
@@ -206,11 +260,15 @@ def activation_peak_bytes(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     runner: ModelRunner | None = None,
+    *,
+    mla_workspace_rows: int = _MLA_WORKSPACE_CAP_ROWS,
 ) -> int:
     """What vLLM logs as "peak activation": the larger of forward and sampler peaks."""
     runner = runner or model_runner(arch)
     return max(
-        forward_peak_bytes(arch, tensor_parallel, max_num_batched_tokens),
+        forward_peak_bytes(
+            arch, tensor_parallel, max_num_batched_tokens, mla_workspace_rows=mla_workspace_rows
+        ),
         sampler_peak_bytes(arch, tensor_parallel, max_num_batched_tokens, max_num_seqs, runner),
     )
 
