@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """`make test-gpu`: kvq's rendered vLLM command on this machine's NVIDIA GPU.
 
-    run.py [--shapes a,b:len=32768,c:layers=24] [--dtypes auto,fp8] [--max-model-len N]
-           [--layers N] [--load llama-3-8b/auto ...] [--out DIR]
-    run.py --dry-run [--gpu-name "NVIDIA H200" --gpu-memory-mib 143771]
+    run.py [--shapes a,b:len=32768,c:layers=24,d:tp=4,e:tp=2:pp=2] [--dtypes auto,fp8]
+           [--max-model-len N] [--layers N] [--load llama-3-8b/auto ...] [--out DIR]
+    run.py --dry-run [--gpu-name "NVIDIA H200" --gpu-memory-mib 143771 --gpu-count 8]
     run.py report RUN.json [RUN.json ...] --out e2e/gpu/results [--keep-plan]
     run.py offload [--dry-run --gpu-name "NVIDIA H200" --gpu-memory-mib 143771] [--out DIR]
 
@@ -27,7 +27,7 @@ sys.path.append(str(HERE.parents[1] / "operator"))
 from gputier import report  # noqa: E402
 from gputier.gpu import GpuInfo, detect_gpus  # noqa: E402
 from gputier.load import LoadSpec  # noqa: E402
-from gputier.points import DTYPES, MAX_MODEL_LEN  # noqa: E402
+from gputier.points import DTYPES, MAX_MODEL_LEN, PointError, PointKey  # noqa: E402
 from gputier.shapes import DEFAULT_SHAPES  # noqa: E402
 from gputier.tier import TierConfig, dry_run, parse_points, run_tier, write_json  # noqa: E402
 
@@ -44,7 +44,8 @@ def tier_main(argv: list[str]) -> int:
         "--shapes",
         type=_csv,
         default=DEFAULT_SHAPES,
-        help="catalog names, each optionally :len=N and :layers=N (gemma-3-1b:len=32768)",
+        help="catalog names, each optionally :len=N, :layers=N, :tp=N (tensor parallel) and "
+        ":pp=N (pipeline stages) (gemma-3-1b:len=32768, llama-3.1-70b:tp=4)",
     )
     parser.add_argument("--dtypes", type=_csv, default=DTYPES)
     parser.add_argument(
@@ -97,8 +98,17 @@ def tier_main(argv: list[str]) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--gpu-name", help="with --dry-run: the GPU nvidia-smi would name")
     parser.add_argument("--gpu-memory-mib", type=int, default=None)
-    parser.add_argument("--gpu-count", type=int, default=1)
+    parser.add_argument(
+        "--gpu-count", type=int, default=1, help="with --dry-run: the GPUs nvidia-smi would list"
+    )
     args = parser.parse_args(argv)
+    try:
+        return _tier(args)
+    except (PointError, ValueError) as error:  # a shape spec or a point this machine cannot run
+        parser.error(str(error))
+
+
+def _tier(args: argparse.Namespace) -> int:
     config = TierConfig(
         shapes=args.shapes,
         dtypes=args.dtypes,
@@ -157,7 +167,7 @@ def within_tolerance(record: dict[str, object]) -> bool:
     return bool(capacity.get("within_tolerance", capacity.get("within_2_percent")))
 
 
-def done_points(paths: list[Path]) -> frozenset[tuple[str, str, int, int | None]]:
+def done_points(paths: list[Path]) -> frozenset[PointKey]:
     """Points an earlier run finished (served, crashed or timed out)."""
     done = set()
     for path in paths:

@@ -13,7 +13,7 @@ from tests.unit.gpu_tier_support import FIXTURES, REPO
 
 from gputier import report  # isort: skip
 from gputier.gpu import GpuInfo, pool_for  # isort: skip
-from gputier.points import Point, parse_shape, plan_point, render_point  # isort: skip
+from gputier.points import Point, ShapeSpec, parse_shape, plan_point, render_point  # isort: skip
 from gputier.replan import replan  # isort: skip
 from gputier.shapes import config_json, tier_config  # isort: skip
 from gputier.tier import TierConfig, dry_run  # isort: skip
@@ -24,13 +24,11 @@ RESULTS = REPO / "e2e" / "gpu" / "results"
 
 
 def test_a_shape_spec_sets_its_own_max_model_len_and_layers() -> None:
-    assert parse_shape("gemma-3-1b:len=32768", 4096, None) == ("gemma-3-1b", 32768, None)
-    assert parse_shape("qwen3-next-80b-a3b:len=16384:layers=24", 4096, None) == (
-        "qwen3-next-80b-a3b",
-        16384,
-        24,
+    assert parse_shape("gemma-3-1b:len=32768", 4096, None) == ShapeSpec("gemma-3-1b", 32768)
+    assert parse_shape("qwen3-next-80b-a3b:len=16384:layers=24", 4096, None) == ShapeSpec(
+        "qwen3-next-80b-a3b", 16384, 24
     )
-    assert parse_shape("qwen3-30b-a3b", 8192, 12) == ("qwen3-30b-a3b", 8192, 12)
+    assert parse_shape("qwen3-30b-a3b", 8192, 12) == ShapeSpec("qwen3-30b-a3b", 8192, 12)
     with pytest.raises(ValueError, match="SHAPE"):
         parse_shape("gemma-3-1b:length=32768", 4096, None)
 

@@ -19,6 +19,7 @@ from kvq.catalog.gpus import GpuModel
 from kvq.catalog.models import ModelArchitecture, architecture_from_hf_config
 from kvq.placement.pool import NodePool
 from kvq.planner import CapacityPlan, plan_capacity
+from kvq.planner.layout import Layout, LayoutError, check_layout
 from kvq.render import EffectiveSettings, RenderError, container_command, effective_settings
 from kvq.render.args import ENGINE_PORT
 from kvq.render.model_source import MODELS_ROOT
@@ -41,6 +42,24 @@ ENGINE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 FAMILY_ARGS: dict[str, tuple[str, ...]] = {"qwen3_next": ("--gdn-prefill-backend", "triton")}
 
 
+PointKey = tuple[str, str, int, int | None, int, int]
+
+
+class PointError(ValueError):
+    """A point this machine or vLLM cannot run as asked (said before anything starts)."""
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    """One `--shapes` entry: `llama-3.1-70b:tp=4`, `qwen3-next-80b-a3b:len=8192:layers=24`."""
+
+    shape: str
+    max_model_len: int = MAX_MODEL_LEN
+    layers: int | None = None
+    tensor: int = 1
+    pipeline: int = 1
+
+
 @dataclass(frozen=True)
 class Point:
     shape: str
@@ -48,6 +67,21 @@ class Point:
     max_model_len: int = MAX_MODEL_LEN
     layers: int | None = None
     """Fewer layers of the same pattern (a model too big for the GPU); None: all."""
+    tensor: int = 1
+    """spec.placement.parallelism.tensor (vLLM --tensor-parallel-size)."""
+    pipeline: int = 1
+    """spec.placement.parallelism.pipeline (vLLM --pipeline-parallel-size)."""
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor * self.pipeline
+
+    @property
+    def layout(self) -> str:
+        """`tp4`, `tp2-pp2`; empty for one GPU."""
+        parts = [f"tp{self.tensor}"] if self.tensor > 1 else []
+        parts += [f"pp{self.pipeline}"] if self.pipeline > 1 else []
+        return "-".join(parts)
 
     @property
     def variant(self) -> str:
@@ -55,16 +89,25 @@ class Point:
         return self.shape if self.layers is None else f"{self.shape}-l{self.layers}"
 
     @property
-    def key(self) -> tuple[str, str, int, int | None]:
+    def key(self) -> PointKey:
         """What identifies a measured point across runs (--skip-done, report)."""
-        return (self.shape, self.dtype, self.max_model_len, self.layers)
+        return (
+            self.shape,
+            self.dtype,
+            self.max_model_len,
+            self.layers,
+            self.tensor,
+            self.pipeline,
+        )
 
     @property
     def name(self) -> str:
         """The InferenceService name (a DNS label): `qwen2-5-7b-fp8-e4m3`,
-        `gemma-3-1b-32768-fp8` (a max model length of its own)."""
+        `gemma-3-1b-32768-fp8` (a max model length of its own), `llama-3-1-70b-tp4-fp8`."""
         length = "" if self.max_model_len == MAX_MODEL_LEN else f"-{self.max_model_len}"
-        return f"{self.variant}{length}-{self.dtype}".replace(".", "-").replace("_", "-")
+        layout = f"-{self.layout}" if self.layout else ""
+        name = f"{self.variant}{length}{layout}-{self.dtype}"
+        return name.replace(".", "-").replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -90,19 +133,44 @@ class RenderedPoint:
     substitution: str | None
 
 
-def parse_shape(spec: str, max_model_len: int, layers: int | None) -> tuple[str, int, int | None]:
-    """`gemma-3-1b:len=32768`, `qwen3-next-80b-a3b:len=8192:layers=24` -> (shape, len,
-    layers); what a spec leaves out comes from run.py's --max-model-len / --layers."""
+def parse_shape(spec: str, max_model_len: int, layers: int | None) -> ShapeSpec:
+    """`gemma-3-1b:len=32768`, `qwen3-next-80b-a3b:len=8192:layers=24`,
+    `llama-3.1-70b:tp=4`, `llama-3.1-70b:tp=2:pp=2`; what a spec leaves out comes from
+    run.py's --max-model-len / --layers (and one GPU)."""
     shape, *options = spec.split(":")
+    given: dict[str, int] = {}
     for option in options:
         key, _, value = option.partition("=")
-        if key == "len" and value.isdigit():
-            max_model_len = int(value)
-        elif key == "layers" and value.isdigit():
-            layers = int(value)
-        else:
-            raise ValueError(f"{spec!r}: expected SHAPE[:len=N][:layers=N], got {option!r}")
-    return shape, max_model_len, layers
+        if key not in ("len", "layers", "tp", "pp") or not value.isdigit() or int(value) < 1:
+            raise ValueError(
+                f"{spec!r}: expected SHAPE[:len=N][:layers=N][:tp=N][:pp=N], got {option!r}"
+            )
+        given[key] = int(value)
+    return ShapeSpec(
+        shape,
+        given.get("len", max_model_len),
+        given.get("layers", layers),
+        tensor=given.get("tp", 1),
+        pipeline=given.get("pp", 1),
+    )
+
+
+def check_point(point: Point, gpu_count: int, gpu_name: str) -> None:
+    """PointError when the point needs more GPUs than this machine has, or a layout vLLM
+    refuses for the model (the sizes it accepts named)."""
+    if point.gpus > gpu_count:
+        raise PointError(
+            f"{point.name}: TP {point.tensor} x PP {point.pipeline} = {point.gpus} GPUs is "
+            f"wider than this machine's {gpu_count} {gpu_name} GPU(s); run it on a machine "
+            f"with {point.gpus} or more (--gpu-count with --dry-run)"
+        )
+    try:
+        check_layout(
+            architecture(config_json(point.shape, point.layers)),
+            Layout(tensor=point.tensor, pipeline=point.pipeline),
+        )
+    except LayoutError as error:
+        raise PointError(f"{point.name}: vLLM refuses this layout: {error}") from None
 
 
 def model_path(variant: str) -> str:
@@ -118,6 +186,12 @@ def inference_service(
     }
     if max_num_seqs is not None:
         memory["maxNumSeqs"] = max_num_seqs
+    # What a user writes for several GPUs per replica (gpusPerReplica follows it).
+    placement = (
+        {"parallelism": {"tensor": point.tensor, "pipeline": point.pipeline}}
+        if point.gpus > 1
+        else {}
+    )
     return InferenceService.model_validate(
         {
             "apiVersion": "kvq.dev/v1alpha1",
@@ -132,6 +206,7 @@ def inference_service(
                 },
                 "kvCache": {"dtype": point.dtype},
                 "memory": memory,
+                **({"placement": placement} if placement else {}),
             },
         }
     )
@@ -217,10 +292,16 @@ class PlanSettings:
     tensor_parallel: int = 1
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    pipeline_parallel: int = 1
 
 
 def settings_of(point: Point) -> PlanSettings:
-    return PlanSettings(point.dtype, point.max_model_len)
+    return PlanSettings(
+        point.dtype,
+        point.max_model_len,
+        tensor_parallel=point.tensor,
+        pipeline_parallel=point.pipeline,
+    )
 
 
 def plan_config(config: dict[str, Any], gpu: GpuModel, settings: PlanSettings) -> CapacityPlan:
@@ -230,6 +311,7 @@ def plan_config(config: dict[str, Any], gpu: GpuModel, settings: PlanSettings) -
         gpu,
         settings.kv_cache_dtype,
         tensor_parallel=settings.tensor_parallel,
+        pipeline_parallel=settings.pipeline_parallel,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         max_model_len=settings.max_model_len,
         max_num_seqs=settings.max_num_seqs,
@@ -238,8 +320,11 @@ def plan_config(config: dict[str, Any], gpu: GpuModel, settings: PlanSettings) -
 
 
 def plan_record(plan: CapacityPlan) -> dict[str, Any]:
-    """The plan's figures a point keeps (and `run.py report` recomputes)."""
+    """The plan's figures a point keeps (and `run.py report` recomputes); byte figures are
+    per GPU (of the bounding stage), `stages` each stage's on one of its GPUs."""
     return {
+        "tensor_parallel": plan.tensor_parallel,
+        "pipeline_parallel": plan.pipeline_parallel,
         "kv_tokens": plan.kv_tokens,
         "max_concurrency": plan.max_concurrency,
         "num_blocks": plan.num_blocks,
@@ -249,10 +334,23 @@ def plan_record(plan: CapacityPlan) -> dict[str, Any]:
         "non_torch_bytes": plan.non_torch_bytes,
         "requested_bytes": plan.requested_bytes_per_gpu,
         "kv_bytes_per_token": plan.kv_bytes_per_token,
+        "kv_bytes_per_token_per_gpu": plan.kv_bytes_per_token_per_gpu,
         "max_num_batched_tokens": plan.max_num_batched_tokens,
         "max_num_seqs": plan.max_num_seqs,
         "fits": plan.fits,
         "reason": plan.reason,
+        "bounding_stage": plan.bounding_stage,
+        "stages": [
+            {
+                "first_layer": stage.first_layer,
+                "layers": stage.layers,
+                "weight_bytes": stage.weight_bytes_per_gpu,
+                "activation_bytes": stage.activation_bytes,
+                "available_kv_bytes": stage.available_kv_bytes,
+                "num_blocks": stage.num_blocks,
+            }
+            for stage in plan.stages
+        ],
     }
 
 
@@ -276,8 +374,15 @@ def plan_command(point: Point, pool: NodePool) -> str:
     """The `kvq plan` command line that reproduces the point's figure (with fewer layers:
     the config.json the engine was given, saved in the result as `config`)."""
     model = point.shape if point.layers is None else f"{point.variant}/config.json"
+    if point.pipeline > 1:
+        layout = (
+            f"--parallelism {point.tensor}x{point.pipeline} --gpus-per-node {pool.gpus_per_node} "
+        )
+    else:
+        layout = f"--gpus {point.tensor} " if point.tensor > 1 else ""
     return (
-        f"kvq plan --model {model} --gpu {pool.gpu.product} --kv-cache-dtype {point.dtype} "
+        f"kvq plan --model {model} --gpu {pool.gpu.product} {layout}"
+        f"--kv-cache-dtype {point.dtype} "
         f"--gpu-memory-utilization {GPU_MEMORY_UTILIZATION} "
         f"--max-model-len {point.max_model_len} "
         f"--engine-version {engine_capability().version} -o json"

@@ -37,7 +37,7 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
             }
         ]
     ]
-    points: dict[tuple[str, str, int, int | None], dict[str, Any]] = {}
+    points: dict[tuple[str, str, int, int | None, int, int], dict[str, Any]] = {}
     for document in documents:
         for record in document["points"]:
             key = point_key(record)
@@ -47,13 +47,16 @@ def merge(documents: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def point_key(record: dict[str, Any]) -> tuple[str, str, int, int | None]:
-    """`Point.key` of a saved point (runs before --max-model-len: 4,096, every layer)."""
+def point_key(record: dict[str, Any]) -> tuple[str, str, int, int | None, int, int]:
+    """`Point.key` of a saved point (runs before --max-model-len: 4,096, every layer; runs
+    before tp/pp: one GPU)."""
     return (
         record["shape"],
         record["dtype"],
         int(record.get("max_model_len") or 4096),
         record.get("layers"),
+        int(record.get("tensor_parallel") or 1),
+        int(record.get("pipeline_parallel") or 1),
     )
 
 
@@ -79,6 +82,11 @@ def _layers(record: dict[str, Any]) -> str:
     if record.get("layers") is None:
         return "all"
     return f"{record['layers']} of {record.get('model_layers', '?')}"
+
+
+def _layout(record: dict[str, Any]) -> str:
+    _, _, _, _, tensor, pipeline = point_key(record)
+    return f"{tensor} x {pipeline}"
 
 
 def _once(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -144,10 +152,10 @@ def render_markdown(document: dict[str, Any]) -> str:
         "the max model length L) and the plan's. Padding: vLLM's hybrid KV-cache manager's "
         '"Add N padding layers" line.',
         "",
-        "| shape | layers | max len | dtype | outcome | backend | vLLM KV tokens "
+        "| shape | layers | TP x PP | max len | dtype | outcome | backend | vLLM KV tokens "
         "| plan KV tokens | plan error | vLLM / plan concurrency | error | padding "
         "| vLLM avail. KV GiB | plan GiB | activation vLLM / plan GiB |",
-        "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "|---|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in points:
         startup = r.get("startup") or {}
@@ -159,7 +167,8 @@ def render_markdown(document: dict[str, Any]) -> str:
             else "-"
         )
         out.append(
-            f"| {r['shape']} | {_layers(r)} | {_int(point_key(r)[2])} | {r['dtype']} | "
+            f"| {r['shape']} | {_layers(r)} | {_layout(r)} | {_int(point_key(r)[2])} | "
+            f"{r['dtype']} | "
             f"{r['outcome']} | {startup.get('attention_backend') or '-'} | "
             f"{_int(cap.get('measured_kv_tokens'))} | {_int(plan['kv_tokens'])} | "
             f"{_pct(cap.get('error'))} | {_num(startup.get('max_concurrency'), 2)} / "

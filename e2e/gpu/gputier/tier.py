@@ -29,7 +29,9 @@ from gputier.points import (
     DTYPES,
     MAX_MODEL_LEN,
     Point,
+    PointKey,
     RenderedPoint,
+    check_point,
     parse_shape,
     plan_command,
     plan_config,
@@ -53,6 +55,7 @@ START_DEADLINE_S = 240.0
 POINT_BUDGET_S = 75.0
 LOAD_BUDGET_S = 40.0
 GPU_IDLE_MIB = 2048
+GIB = 1 << 30
 HARNESS_ADDS = (
     "KVQ_TERMINATION_LOG=<run dir>/<point>.termination-log (a pod uses /dev/termination-log)",
     "the wrapper written to /opt/kvq/evidence_wrapper.py (a pod mounts it from kvq's ConfigMap)",
@@ -64,7 +67,8 @@ HARNESS_ADDS = (
 @dataclass(frozen=True)
 class TierConfig:
     shapes: tuple[str, ...] = DEFAULT_SHAPES
-    """Catalog names, each optionally `:len=N` and `:layers=N` (gputier.points.parse_shape)."""
+    """Catalog names, each optionally `:len=N`, `:layers=N`, `:tp=N`, `:pp=N`
+    (gputier.points.parse_shape)."""
     dtypes: tuple[str, ...] = DTYPES
     max_model_len: int = MAX_MODEL_LEN
     layers: int | None = None
@@ -81,7 +85,7 @@ class TierConfig:
     with Triton kernels to compile takes longer."""
     label: str = ""
     port: int = ENGINE_PORT
-    skip: frozenset[tuple[str, str, int, int | None]] = frozenset()
+    skip: frozenset[PointKey] = frozenset()
     """Points an earlier run already measured (run.py --skip-done): `Point.key`s."""
     pod_root: Path = Path("/")
     """Where the pod's files go: `/` on the GPU machine; elsewhere (tests) the command's
@@ -89,8 +93,19 @@ class TierConfig:
 
     def points(self) -> list[Point]:
         shapes = [parse_shape(s, self.max_model_len, self.layers) for s in self.shapes]
-        points = [Point(s, d, n, layers) for s, n, layers in shapes for d in self.dtypes]
+        points = [
+            Point(s.shape, d, s.max_model_len, s.layers, s.tensor, s.pipeline)
+            for s in shapes
+            for d in self.dtypes
+        ]
         return [p for p in points if p.key not in self.skip]
+
+    def checked_points(self, info: GpuInfo) -> list[Point]:
+        """The points, PointError for the first one this machine cannot run as asked."""
+        points = self.points()
+        for point in points:
+            check_point(point, info.count, info.name)
+        return points
 
 
 def utc_now() -> str:
@@ -135,6 +150,8 @@ def describe_point(rendered: RenderedPoint, pool: NodePool) -> dict[str, Any]:
         "dtype": point.dtype,
         "max_model_len": point.max_model_len,
         "layers": point.layers,
+        "tensor_parallel": point.tensor,
+        "pipeline_parallel": point.pipeline,
         "model_layers": full_layers,
         "layer_period": layer_period(config),
         "config_changes": changes,
@@ -274,7 +291,8 @@ def run_tier(
     started = clock()
     document = new_document(info, pool, config)
     rendered_points = [
-        render_point(p, pool, python=config.python, port=config.port) for p in config.points()
+        render_point(p, pool, python=config.python, port=config.port)
+        for p in config.checked_points(info)
     ]
     records = [describe_point(r, pool) for r in rendered_points]
     document["points"] = records
@@ -326,15 +344,17 @@ def dry_run(info: GpuInfo, config: TierConfig) -> list[str]:
     """The commands the tier would run, one block per point, nothing started."""
     pool = pool_for(info)
     lines = [f"# GPU {info.name} ({info.memory_mib} MiB) x{info.count} -> pool {pool.name}"]
-    for point in config.points():
+    for point in config.checked_points(info):
         rendered = render_point(point, pool, python=config.python, port=config.port)
         record = describe_point(rendered, pool)
         env = " ".join(f"{k}={v}" for k, v in sorted(rendered.env.items()))
         layers = (
             "" if point.layers is None else f", {point.layers} of {record['model_layers']} layers"
         )
+        layout = f", TP {point.tensor} x PP {point.pipeline}" if point.gpus > 1 else ""
         lines.append(
-            f"# {point.name} ({point.shape}{layers}, max len {point.max_model_len:,}): predicted "
+            f"# {point.name} ({point.shape}{layers}{layout}, max len {point.max_model_len:,}): "
+            "predicted "
             f"{'runs' if record['prediction']['runs'] else 'refused'}; "
             f"plan {record['plan']['kv_tokens']:,} KV tokens, "
             f"concurrency {record['plan']['max_concurrency']:.2f}x"
@@ -348,9 +368,36 @@ def dry_run(info: GpuInfo, config: TierConfig) -> list[str]:
             f"{env} KVQ_TERMINATION_LOG=<run dir>/{point.name}.termination-log "
             + " ".join(rendered.command)
         )
+        lines += plan_lines(record["plan"], point)
         lines.append(f"#   plan: {record['plan_command']}")
         if _loads(rendered, config):
             lines.append(f"#   load: {config.load.describe()}")
+    return lines
+
+
+def plan_lines(plan: dict[str, Any], point: Point) -> list[str]:
+    """What kvq plans for one GPU of the replica, and for one GPU of each stage."""
+    if point.gpus == 1:
+        return []
+
+    def gib(n: int) -> str:
+        return f"{n / GIB:.2f} GiB"
+
+    lines = [
+        f"#   per GPU ({point.gpus} GPUs: TP {point.tensor} x PP {point.pipeline}): weights "
+        f"{gib(plan['weight_bytes'])}, activations {gib(plan['activation_bytes'])}, KV "
+        f"{gib(plan['available_kv_bytes'])}, KV bytes per token "
+        f"{plan['kv_bytes_per_token_per_gpu']:,} on a GPU ({plan['kv_bytes_per_token']:,} "
+        f"the whole model), {plan['num_blocks']:,} blocks"
+        + (f" (stage {plan['bounding_stage']} bounds)" if plan["stages"] else "")
+    ]
+    for i, stage in enumerate(plan["stages"]):
+        last = stage["first_layer"] + stage["layers"] - 1
+        lines.append(
+            f"#   stage {i}: layers {stage['first_layer']}-{last}, weights "
+            f"{gib(stage['weight_bytes'])}, activations {gib(stage['activation_bytes'])}, KV "
+            f"{gib(stage['available_kv_bytes'])}, {stage['num_blocks']:,} blocks per GPU"
+        )
     return lines
 
 
