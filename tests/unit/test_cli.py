@@ -143,17 +143,47 @@ def test_plan_rejects_unknown_gpu_and_model() -> None:
     assert "unknown model" in unknown_model.output
 
 
-def test_plan_parallelism_shows_a_two_node_layout() -> None:
+def test_plan_parallelism_plans_each_stage_and_names_the_bounding_one() -> None:
     args = ["plan", "--model", "deepseek-ai/DeepSeek-V3", "--gpu", "H100", "--parallelism", "8x2"]
     result = runner.invoke(app, [*args, "--kv-cache-dtype", "fp8", "-o", "json"])
     assert result.exit_code == 0, result.output
-    layout = json.loads(result.output)
-    assert (layout["nodes"], layout["stageLayers"]) == (2, [31, 30])
-    # The larger stage's 31 layers of one fp8 latent (512 + 64) on each GPU.
-    assert layout["kvBytesPerTokenPerGpu"] == {"fp8": 31 * 576}
-    table = runner.invoke(app, args)
-    assert "2 node(s)" in table.output
-    assert "not planned for more than one pipeline stage yet" in table.output
+    document = json.loads(result.output)
+    assert (document["layout"]["nodes"], document["layout"]["stageLayers"]) == (2, [31, 30])
+    fp8 = document["dtypes"]["fp8"]
+    # The second stage (30 expert layers and the LM head) has the least room.
+    assert fp8["boundingStage"] == 2
+    assert fp8["kvTokens"] == 1_604_800
+    # fp8 MLA on Hopper: FlashMLA's blocks of 64 tokens, the second stage's count for both.
+    first, second = (s["numBlocks"] for s in fp8["stages"])
+    assert first > second == 1_604_800 // 64
+    table = runner.invoke(app, args).output
+    assert "TP 8 x PP 2 = 16 GPUs on 2 node(s) of 8 GPUs" in table
+    assert "stage 2 (layers 31-60): weights 40.90 GiB, KV memory 25.33 GiB per GPU (auto)" in table
+    assert "stage 2 has room for the fewest KV blocks" in table
+
+
+def test_plan_reads_an_inference_service_file_and_its_layout() -> None:
+    example = str(ROOT / "examples/llama-3.1-405b-two-nodes.yaml")
+    table = runner.invoke(app, ["plan", "-f", example, "--gpu", "H100", "--kv-cache-dtype", "all"])
+    assert table.exit_code == 0, table.output
+    assert "TP 8 x PP 2 = 16 GPUs on 2 node(s) of 8 GPUs" in table.output
+    assert "layers per stage: 63, 63; KV heads per GPU: 1" in table.output
+    assert "stage 1 (layers 0-62): weights 47.28 GiB, KV memory 23.24 GiB per GPU (auto)" in (
+        table.output
+    )
+    cells = [[c.strip() for c in line.split("│")] for line in table.output.splitlines()]
+    tokens = {row[1]: row[4] for row in cells if len(row) > 4}
+    assert (tokens["auto"], tokens["fp8"]) == ("773,632", "1,547,280")
+    # The file's own dtype when --kv-cache-dtype is not given; options given win.
+    only = runner.invoke(app, ["plan", "-f", example, "--gpu", "H100", "-o", "json"])
+    assert set(json.loads(only.output)["dtypes"]) == {"fp8"}
+    one_node = runner.invoke(
+        app, ["plan", "-f", example, "--gpu", "H200", "--parallelism", "8x1", "-o", "json"]
+    )
+    assert json.loads(one_node.output)["layout"]["nodes"] == 1
+    neither = runner.invoke(app, ["plan", "--gpu", "H100"])
+    assert neither.exit_code == 2
+    assert "give --model or -f FILE" in neither.output
 
 
 def test_plan_parallelism_refuses_what_vllm_refuses_naming_valid_sizes() -> None:

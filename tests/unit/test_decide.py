@@ -771,3 +771,34 @@ def test_a_crash_that_repeats_under_auto_returns_to_the_requested_dtype_degraded
         assert conditions(plan)["Degraded"] == ("True", "DtypeCleared")
         assert plan.status["effective"]["kvCacheDtype"] == "fp8"
     assert "gelu" in message(plan, "Degraded")
+
+
+def test_status_shows_the_replicas_layout_and_a_multi_node_one_is_refused_clearly() -> None:
+    stages = isvc(
+        model={"uri": "hf://meta-llama/Llama-3.1-70B-Instruct"},
+        placement={"parallelism": {"tensor": 4, "pipeline": 2}, "pools": ["gpu-h100"]},
+    )
+    plan = decide(snapshot(stages))
+    capacity = plan.status["capacity"]
+    assert capacity["layout"] == {
+        "tensor": 4,
+        "pipeline": 2,
+        "nodesPerReplica": 1,
+        "layersPerStage": [40, 40],
+        "boundingStage": 1,
+    }
+    [engine] = [o for o in plan.apply if o["kind"] == "Deployment"]
+    command = engine["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--pipeline-parallel-size") + 1] == "2"
+    one_gpu = decide(snapshot(isvc())).status["capacity"]["layout"]
+    assert one_gpu == {"tensor": 1, "pipeline": 1, "nodesPerReplica": 1, "layersPerStage": [32]}
+
+    two_nodes = isvc(
+        model={"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
+        placement={"parallelism": {"tensor": 8, "pipeline": 2}, "pools": ["gpu-h100"]},
+    )
+    refused = decide(snapshot(two_nodes))
+    assert conditions(refused)["Placed"][0] == "False"
+    message = next(c["message"] for c in refused.status["conditions"] if c["type"] == "Placed")
+    assert "tensor 8 x pipeline 2 = 16 GPUs spans 2 nodes of 8 GPUs" in message
+    assert "the operator does not place them yet" in message

@@ -117,6 +117,22 @@ class CpuTierStatus(KubeModel):
     """What to know about it on this engine version."""
 
 
+class LayoutStatus(KubeModel):
+    """How one replica's GPUs split the model, as planned."""
+
+    tensor: int
+    """Tensor parallel size: GPUs that shard every layer, within one node."""
+    pipeline: int
+    """Pipeline stages: each holds a run of layers on its own tensor-parallel GPUs."""
+    nodes_per_replica: int
+    """Nodes one replica spans."""
+    layers_per_stage: list[int]
+    """Layers of each stage, first to last, as vLLM splits them."""
+    bounding_stage: int | None = None
+    """The stage (1-based) whose GPUs have room for the fewest KV blocks: vLLM gives every
+    stage that count (only with more than one stage)."""
+
+
 class CapacityStatus(KubeModel):
     """What each replica holds, computed before anything is scheduled."""
 
@@ -138,6 +154,8 @@ class CapacityStatus(KubeModel):
     """The KV cache in GPU memory (the figures above are its)."""
     cpu_tier: CpuTierStatus | None = None
     """The KV cache's tier in host memory, when the engine keeps one."""
+    layout: LayoutStatus | None = None
+    """Tensor x pipeline parallel of one replica, and the layers of each stage."""
 
 
 FallbackCause = Literal[

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -20,14 +21,48 @@ if TYPE_CHECKING:
     from kvq.planner.layout import Layout
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """What the plan is for: the options, or an InferenceService file with options on top."""
+
+    model: str
+    arch: ModelArchitecture
+    layout: Layout
+    declared: bool  # a layout given (--parallelism or placement.parallelism): show it
+    dtypes: tuple[str, ...]
+    gpu_memory_utilization: float
+    max_model_len: int | None
+    max_num_seqs: int | None
+    block_size: int
+    swap_space_gib: float | None
+    hybrid_kv_cache_manager: bool
+    kv_cache_dtype_skip_layers: tuple[str, ...]
+    engine_version: str | None  # the file's engine (its memory profile and CPU tier)
+
+
 def plan(
-    model: Annotated[str, typer.Option(help="Catalog name, hf:// URI, or config.json path")],
     gpu: Annotated[str, typer.Option(help="GPU product, as a node label spells it")],
-    gpus: Annotated[int, typer.Option(min=1, max=8, help="GPUs per replica (TP)")] = 1,
-    gpu_memory_utilization: Annotated[float, typer.Option(min=0.01, max=1.0)] = 0.90,
-    kv_cache_dtype: Annotated[str, typer.Option(help="A dtype, or all")] = "all",
+    model: Annotated[
+        str | None, typer.Option(help="Catalog name, hf:// URI, or config.json path")
+    ] = None,
+    filename: Annotated[
+        str | None,
+        typer.Option(
+            "-f",
+            "--filename",
+            help="An InferenceService file: its model, layout (placement), dtype and memory "
+            "settings; options given beside it win",
+        ),
+    ] = None,
+    gpus: Annotated[int | None, typer.Option(min=1, max=8, help="GPUs per replica (TP)")] = None,
+    gpu_memory_utilization: Annotated[
+        float | None, typer.Option(min=0.01, max=1.0, help="default 0.90")
+    ] = None,
+    kv_cache_dtype: Annotated[
+        str | None, typer.Option(help="A dtype, or all (default: all, or the file's)")
+    ] = None,
     max_model_len: Annotated[int | None, typer.Option(min=16)] = None,
-    block_size: Annotated[int, typer.Option(min=1)] = 16,
+    block_size: Annotated[int | None, typer.Option(min=1, help="default 16")] = None,
     max_num_seqs: Annotated[
         int | None, typer.Option(min=1, help="vLLM --max-num-seqs (default: what serve picks)")
     ] = None,
@@ -75,7 +110,7 @@ def plan(
         str | None,
         typer.Option(
             help="TPxPP, e.g. 8x2: tensor parallel within a node, pipeline stages across "
-            "nodes; shows the layout (nodes, layers per stage, KV per GPU)"
+            "nodes; shows the layout (nodes, layers per stage, each stage's GPUs)"
         ),
     ] = None,
     gpus_per_node: Annotated[
@@ -84,69 +119,63 @@ def plan(
     output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
 ) -> None:
     """What one replica holds on a GPU, per KV-cache dtype, before anything is scheduled."""
-    from kvq.catalog.engines import (
-        DEFAULT_IMAGE,
-        EngineVersionError,
-        load_engine_catalog,
-        version_from_image,
-    )
     from kvq.catalog.gpus import load_gpu_catalog
-    from kvq.catalog.models import load_model_catalog
     from kvq.planner import plan_capacity
-    from kvq.planner.architecture import UnknownModelError, architecture_for_cli
     from kvq.planner.host_tier import host_tier_figures
 
     if output not in ("table", "json"):
         fail(f"--output must be table or json, not {output!r}")
-    dtypes = KV_CACHE_DTYPES if kv_cache_dtype == "all" else (kv_cache_dtype,)
-    if any(d not in KV_CACHE_DTYPES for d in dtypes):
-        fail(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)} or all")
+    if (model is None) == (filename is None):
+        fail("give --model or -f FILE (an InferenceService), one of them")
     gpu_model = load_gpu_catalog().lookup(gpu) or fail(
         f"unknown GPU {gpu!r}: see the products in kvq/catalog/gpus.yaml"
     )
-    try:
-        model_name, arch = architecture_for_cli(model, load_model_catalog())
-    except UnknownModelError as error:
-        fail(str(error))
-    except ValueError as error:  # a config.json kvq cannot size: say why, plan nothing
-        fail(f"{model}: {error}")
-    if parallelism is not None:
-        gpus = _tensor_or_layout(model_name, arch, parallelism, gpus_per_node, dtypes, output)
+    asked = _asked_from_file(filename) if filename is not None else _asked_from_model(model or "")
+    asked = _overridden(
+        asked,
+        parallelism=parallelism,
+        gpus=gpus,
+        kv_cache_dtype=kv_cache_dtype,
+        hybrid_off=disable_hybrid_kv_cache_manager,
+        skip_layers=kv_cache_dtype_skip_layers,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        block_size=block_size,
+        swap_space_gib=swap_space_gib,
+    )
+    layout, arch = asked.layout, asked.arch
+    nodes = _nodes_or_fail(asked, gpus_per_node)
     if offload_backend not in ("native", "lmcache"):
         fail(f"--offload-backend must be native or lmcache, not {offload_backend!r}")
-    capability = None
-    if engine_version is not None:
-        try:
-            capability = load_engine_catalog().capability(engine_version)
-        except EngineVersionError as error:
-            fail(str(error))
-    # The CPU tier is a fact of the engine: kvq's default one unless --engine-version says.
-    tier_engine = capability or load_engine_catalog().capability(
-        version_from_image(DEFAULT_IMAGE) or ""
-    )
+    capability, tier_engine = _engines(engine_version, asked.engine_version)
     image = engine_image or f"vllm/vllm-openai:v{tier_engine.version}"
+    model_name = asked.model
     rows: dict[str, dict[str, Any]] = {}
-    for dtype in dtypes:
+    plans: list[CapacityPlan] = []
+    for dtype in asked.dtypes:
         result = plan_capacity(
             arch,
             gpu_model,
             dtype,
-            tensor_parallel=gpus,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            block_size=block_size,
-            max_num_seqs=max_num_seqs,
+            tensor_parallel=layout.tensor,
+            pipeline_parallel=layout.pipeline,
+            gpu_memory_utilization=asked.gpu_memory_utilization,
+            max_model_len=asked.max_model_len,
+            block_size=asked.block_size,
+            max_num_seqs=asked.max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
-            hybrid_kv_cache_manager=not disable_hybrid_kv_cache_manager,
-            kv_cache_dtype_skip_layers=_skip_layers(kv_cache_dtype_skip_layers),
+            hybrid_kv_cache_manager=asked.hybrid_kv_cache_manager,
+            kv_cache_dtype_skip_layers=asked.kv_cache_dtype_skip_layers,
             memory_profile=tier_engine.memory_profile,
         )
+        plans.append(result)
         row = _plan_row(result)
-        if swap_space_gib is not None:
+        if asked.swap_space_gib is not None:
             tier = host_tier_figures(
                 tier_engine,
                 result,
-                swap_space_gib,
+                asked.swap_space_gib,
                 "lmcache" if offload_backend == "lmcache" else "native",
                 image,
             )
@@ -154,16 +183,19 @@ def plan(
                 row["cpuTier"] = {**tier, "engineVersion": tier_engine.version}
         if capability is not None:
             row["engine"] = _engine_verdict(capability, dtype, gpu_model)
-        row |= _accuracy_risks(tier_engine, dtype, gpu_model, arch, (model, model_name), result)
+        names = (filename or "", model_name) if model is None else (model, model_name)
+        row |= _accuracy_risks(tier_engine, dtype, gpu_model, arch, names, result)
         rows[dtype] = row
+    shape = _layout_document(arch, layout, nodes, gpus_per_node, plans[0])
     if output == "json":
         document = {
             "model": model_name,
             "gpu": gpu_model.product,
             "computeCapability": gpu_model.compute_capability_str,
             "gpuMemoryMiB": gpu_model.memory_mib,
-            "gpus": gpus,
-            "gpuMemoryUtilization": gpu_memory_utilization,
+            "gpus": layout.gpus,
+            "layout": shape,
+            "gpuMemoryUtilization": asked.gpu_memory_utilization,
             "engineVersion": engine_version,
             # The engine the accuracy facts were matched for (kvq's default when not given).
             "accuracyEngineVersion": tier_engine.version,
@@ -171,7 +203,11 @@ def plan(
         }
         print(json.dumps(document, indent=2))
         return
-    _print_plan_table(model_name, gpu_model.product, gpus, rows, engine_version)
+    if asked.declared or layout.pipeline > 1:
+        _print_layout(model_name, arch, shape)
+    _print_plan_table(model_name, gpu_model.product, layout, rows, engine_version)
+    if layout.pipeline > 1:
+        _print_stages(rows)
     _print_accuracy_risks(rows, tier_engine.version)
 
 
@@ -245,89 +281,209 @@ def _print_accuracy_risks(rows: dict[str, dict[str, Any]], engine: str) -> None:
 
 
 def _layout_or_fail(value: str) -> Layout:
-    from kvq.planner.layout import Layout
-
     tensor, sep, pipeline = value.lower().partition("x")
     if not (sep and tensor.isdigit() and pipeline.isdigit()):
         fail(f"--parallelism must be TPxPP (e.g. 8x2), not {value!r}")
-    return Layout(tensor=int(tensor), pipeline=int(pipeline))
+    return _layout_of(int(tensor), int(pipeline))
 
 
-def _tensor_or_layout(
-    model: str,
-    arch: ModelArchitecture,
-    parallelism: str,
-    gpus_per_node: int,
-    dtypes: tuple[str, ...],
-    output: str,
-) -> int:
-    """A one-stage layout's TP (what --gpus says), refused as vLLM would refuse it; a
-    multi-stage layout is printed and the command ends there."""
+def _layout_of(tensor: int, pipeline: int) -> Layout:
+    from kvq.planner.layout import Layout
+
+    return Layout(tensor=tensor, pipeline=pipeline)
+
+
+def _dtypes_or_fail(value: str) -> tuple[str, ...]:
+    dtypes = KV_CACHE_DTYPES if value == "all" else (value,)
+    if any(d not in KV_CACHE_DTYPES for d in dtypes):
+        fail(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)} or all")
+    return tuple(dtypes)
+
+
+def _overridden(
+    asked: _Asked,
+    *,
+    parallelism: str | None,
+    gpus: int | None,
+    kv_cache_dtype: str | None,
+    hybrid_off: bool,
+    skip_layers: str,
+    **given: Any,
+) -> _Asked:
+    """The options given on the command line win over the file's (and the defaults)."""
+    from dataclasses import replace
+
+    changes = {name: value for name, value in given.items() if value is not None}
+    if parallelism is not None:
+        changes |= {"layout": _layout_or_fail(parallelism), "declared": True}
+    elif gpus is not None:
+        changes |= {"layout": _layout_of(gpus, 1), "declared": False}
+    if kv_cache_dtype is not None:
+        changes["dtypes"] = _dtypes_or_fail(kv_cache_dtype)
+    if hybrid_off:
+        changes["hybrid_kv_cache_manager"] = False
+    if skip_layers:
+        changes["kv_cache_dtype_skip_layers"] = _skip_layers(skip_layers)
+    return replace(asked, **changes)
+
+
+def _asked_from_model(model: str) -> _Asked:
+    from kvq.catalog.models import load_model_catalog
+    from kvq.planner.architecture import UnknownModelError, architecture_for_cli
+
+    try:
+        name, arch = architecture_for_cli(model, load_model_catalog())
+    except UnknownModelError as error:
+        fail(str(error))
+    except ValueError as error:  # a config.json kvq cannot size: say why, plan nothing
+        fail(f"{model}: {error}")
+    return _Asked(
+        model=name,
+        arch=arch,
+        layout=_layout_of(1, 1),
+        declared=False,
+        dtypes=tuple(KV_CACHE_DTYPES),
+        gpu_memory_utilization=0.90,
+        max_model_len=None,
+        max_num_seqs=None,
+        block_size=16,
+        swap_space_gib=None,
+        hybrid_kv_cache_manager=True,
+        kv_cache_dtype_skip_layers=(),
+        engine_version=None,
+    )
+
+
+def _asked_from_file(path: str) -> _Asked:
+    """The first InferenceService of the file, read as the API server and kvq validate do."""
+    from kvq.api.keys import KIND
+    from kvq.api.validation import InvalidInferenceServiceError, parse_inference_service
+    from kvq.catalog.models import load_model_catalog
+    from kvq.cli.console import load_documents
+    from kvq.planner.architecture import UnknownModelError, resolve_architecture
+    from kvq.planner.kv_layout import kv_manager_flags
+    from kvq.render.settings import RenderError, engine_image_and_version
+
+    doc = next((d for d in load_documents(path) if d.get("kind") == KIND), None)
+    if doc is None:
+        fail(f"{path} holds no {KIND}")
+    try:
+        isvc = parse_inference_service(doc)
+    except InvalidInferenceServiceError as error:
+        fail(str(error))
+    spec = isvc.spec
+    try:
+        arch = resolve_architecture(spec.model, load_model_catalog())
+        _, version = engine_image_and_version(isvc)
+    except (UnknownModelError, RenderError) as error:
+        fail(f"{path}: {error}")
+    flags = kv_manager_flags(spec.engine.extra_args)
+    return _Asked(
+        model=spec.model.uri,
+        arch=arch,
+        layout=_layout_of(spec.placement.tensor_parallel, spec.placement.pipeline_parallel),
+        declared=spec.placement.parallelism is not None,
+        dtypes=(spec.kv_cache.dtype,),
+        gpu_memory_utilization=spec.memory.gpu_memory_utilization,
+        max_model_len=spec.memory.max_model_len,
+        max_num_seqs=spec.memory.max_num_seqs,
+        block_size=spec.kv_cache.block_size or 16,
+        swap_space_gib=spec.memory.swap_space_gib,
+        hybrid_kv_cache_manager=flags.hybrid_manager,
+        kv_cache_dtype_skip_layers=flags.skip_layers,
+        engine_version=version,
+    )
+
+
+def _nodes_or_fail(asked: _Asked, gpus_per_node: int) -> int:
+    """The nodes one replica spans, refused as vLLM would refuse the layout."""
     from kvq.planner.layout import LayoutError, check_layout, nodes_per_replica
 
-    layout = _layout_or_fail(parallelism)
-    if layout.pipeline > 1:
-        _print_layout(model, arch, layout, gpus_per_node, dtypes, output)
-        raise typer.Exit
     try:
-        check_layout(arch, layout)
-        nodes_per_replica(layout, gpus_per_node)
+        check_layout(asked.arch, asked.layout)
+        return nodes_per_replica(asked.layout, gpus_per_node)
     except LayoutError as error:
-        fail(f"{model}: {error}")
-    return layout.tensor
+        fail(f"{asked.model}: {error}")
 
 
-def _print_layout(
-    model: str,
-    arch: ModelArchitecture,
-    layout: Layout,
-    gpus_per_node: int,
-    dtypes: tuple[str, ...],
-    output: str,
-) -> None:
-    """A multi-node replica's layout: what vLLM would split, and the KV per GPU per dtype.
-    Its capacity (weights and activations per stage) is not planned yet (issue 24)."""
-    from kvq.planner.layout import LayoutError, plan_layout
+def _engines(
+    engine_version: str | None, file_version: str | None
+) -> tuple[EngineCapability | None, EngineCapability]:
+    """The engine --engine-version checks against (None: not asked), and the one whose
+    CPU tier and memory profile the plan uses: that one, the file's, or kvq's default."""
+    from kvq.catalog.engines import (
+        DEFAULT_IMAGE,
+        EngineVersionError,
+        load_engine_catalog,
+        version_from_image,
+    )
 
+    catalog = load_engine_catalog()
     try:
-        plans = {d: plan_layout(arch, layout, gpus_per_node, d) for d in dtypes}
-    except LayoutError as error:
-        fail(f"{model}: {error}")
-    first = next(iter(plans.values()))
-    document = {
-        "model": model,
+        capability = None if engine_version is None else catalog.capability(engine_version)
+        default = file_version or version_from_image(DEFAULT_IMAGE) or ""
+        return capability, capability or catalog.capability(default)
+    except EngineVersionError as error:
+        fail(str(error))
+
+
+def _layout_document(
+    arch: ModelArchitecture, layout: Layout, nodes: int, gpus_per_node: int, plan: CapacityPlan
+) -> dict[str, Any]:
+    from kvq.planner.kv import kv_heads_per_gpu
+
+    stages = [s.layers for s in plan.stages] or [arch.num_layers]
+    return {
         "tensorParallel": layout.tensor,
         "pipelineParallel": layout.pipeline,
         "gpus": layout.gpus,
-        "nodes": first.nodes,
-        "gpusPerNode": gpus_per_node,
-        "stageLayers": list(first.stage_layers),
-        "stageAttentionLayers": list(first.stage_attention_layers),
-        "kvHeadsPerGpu": first.kv_heads_per_gpu,
-        "kvBytesPerTokenPerGpu": {d: p.kv_bytes_per_token_per_gpu for d, p in plans.items()},
-        "capacity": "not planned for more than one pipeline stage yet",
+        "nodes": nodes,
+        "gpusPerNode": min(gpus_per_node, layout.gpus),
+        "stageLayers": stages,
+        # MLA's one latent per token is on every GPU.
+        "kvHeadsPerGpu": 1 if arch.attention == "mla" else kv_heads_per_gpu(arch, layout.tensor),
     }
-    if output == "json":
-        print(json.dumps(document, indent=2))
-        return
+
+
+def _print_layout(model: str, arch: ModelArchitecture, shape: dict[str, Any]) -> None:
+    """The replica's layout: what vLLM splits, over how many nodes."""
     print(
-        f"{model}: TP {layout.tensor} x PP {layout.pipeline} = {layout.gpus} GPUs on"
-        f" {first.nodes} node(s) of {gpus_per_node} GPUs"
+        f"{model}: TP {shape['tensorParallel']} x PP {shape['pipelineParallel']} = "
+        f"{shape['gpus']} GPUs on {shape['nodes']} node(s) of {shape['gpusPerNode']} GPUs"
     )
-    stages = ", ".join(str(n) for n in first.stage_layers)
+    layers = ", ".join(str(n) for n in shape["stageLayers"])
     heads = (
         "one latent per token (MLA), on every GPU"
         if arch.attention == "mla"
-        else f"KV heads per GPU: {first.kv_heads_per_gpu}"
+        else f"KV heads per GPU: {shape['kvHeadsPerGpu']}"
     )
-    print(f"layers per stage: {stages}; {heads}")
-    table = Table(title="KV bytes per token on one GPU of the largest stage")
-    table.add_column("dtype")
-    table.add_column("bytes/token/GPU", justify="right")
-    for dtype, layout_plan in plans.items():
-        table.add_row(dtype, f"{layout_plan.kv_bytes_per_token_per_gpu:,}")
-    Console(width=120).print(table)
-    print("capacity (tokens, sequences) is not planned for more than one pipeline stage yet")
+    print(f"layers per stage: {layers}; {heads}")
+
+
+def _print_stages(rows: dict[str, dict[str, Any]]) -> None:
+    """Each stage's GPUs for the first dtype (weights are the same for all; the KV memory
+    may differ with the attention backend a dtype gets), and which stage bounds the cache."""
+    dtype, first = next(iter(rows.items()))
+    for number, stage in enumerate(first["stages"], start=1):
+        end = stage["firstLayer"] + stage["layers"] - 1
+        print(
+            f"stage {number} (layers {stage['firstLayer']}-{end}): weights "
+            f"{stage['weightBytesPerGpu'] / 2**30:.2f} GiB, KV memory "
+            f"{stage['availableKvBytes'] / 2**30:.2f} GiB per GPU ({dtype})"
+            + (f"; does not fit: {stage['reason']}" if stage["reason"] else "")
+        )
+    fitting = [row for row in rows.values() if row["fits"]]
+    if not fitting:
+        return
+    if all(len({stage["numBlocks"] for stage in row["stages"]}) == 1 for row in fitting):
+        print("every stage has room for the same number of KV blocks")
+        return
+    bounds = {row["boundingStage"] for row in fitting}
+    which = f"stage {bounds.pop()}" if len(bounds) == 1 else "the stage named per dtype (-o json)"
+    print(
+        f"{which} has room for the fewest KV blocks: vLLM gives every stage that many, so it "
+        "bounds the replica's tokens"
+    )
 
 
 def _skip_layers(value: str) -> tuple[str, ...]:
@@ -351,6 +507,19 @@ def _plan_row(result: CapacityPlan) -> dict[str, Any]:
         "modelRunner": result.model_runner,
         "activationBytes": result.activation_bytes,
     }
+    if result.stages:
+        row["boundingStage"] = result.bounding_stage + 1
+        row["stages"] = [
+            {
+                "firstLayer": stage.first_layer,
+                "layers": stage.layers,
+                "weightBytesPerGpu": stage.weight_bytes_per_gpu,
+                "availableKvBytes": stage.available_kv_bytes,
+                "numBlocks": stage.num_blocks,
+                "reason": stage.reason,
+            }
+            for stage in result.stages
+        ]
     if result.warnings:
         row["warnings"] = list(result.warnings)
     if result.reason:
@@ -359,10 +528,11 @@ def _plan_row(result: CapacityPlan) -> dict[str, Any]:
 
 
 def _print_plan_table(
-    model: str, gpu: str, gpus: int, rows: dict[str, dict[str, Any]], engine: str | None
+    model: str, gpu: str, layout: Layout, rows: dict[str, dict[str, Any]], engine: str | None
 ) -> None:
     any_row = next(iter(rows.values()))
-    title = f"{model} on {gpus}x {gpu}, maxModelLen {any_row['maxModelLen']:,}"
+    split = f" (TP {layout.tensor} x PP {layout.pipeline})" if layout.pipeline > 1 else ""
+    title = f"{model} on {layout.gpus}x {gpu}{split}, maxModelLen {any_row['maxModelLen']:,}"
     table = Table(title=title)
     for column in ("dtype", "bytes/token", "KV memory", "KV tokens", "max seqs", "vs auto"):
         table.add_column(column, justify="left" if column == "dtype" else "right")

@@ -26,6 +26,7 @@ from kvq.api.status import (
     GpuTierStatus,
     IgnoredSetting,
     InferenceServiceStatus,
+    LayoutStatus,
     PlacementStatus,
 )
 from kvq.api.tiers import TierSpec
@@ -391,7 +392,9 @@ def _capacity(decision: Decision) -> CapacityStatus:
     assert decision.rendered is not None
     dtype = _engine_dtype(decision.rendered)
     host = _host_tier(decision)
+    gpus_per_node = decision.placement.choice.chosen.pool.gpus_per_node
     return CapacityStatus(
+        layout=_layout(plan, gpus_per_node),
         kv_bytes_per_token=plan.kv_bytes_per_token,
         kv_tokens=plan.kv_tokens,
         max_concurrent_sequences=round(plan.max_concurrency, 2),
@@ -400,7 +403,7 @@ def _capacity(decision: Decision) -> CapacityStatus:
         max_model_len=plan.max_model_len,
         gpu_tier=GpuTierStatus(
             tokens=plan.kv_tokens,
-            bytes=plan.num_blocks * plan.block_bytes_per_gpu * plan.tensor_parallel,
+            bytes=_gpu_tier_bytes(plan),
             dtype=dtype,
         ),
         cpu_tier=None
@@ -415,6 +418,27 @@ def _capacity(decision: Decision) -> CapacityStatus:
             note=host.note,
         ),
     )
+
+
+def _layout(plan: CapacityPlan, gpus_per_node: int) -> LayoutStatus:
+    gpus = plan.tensor_parallel * plan.pipeline_parallel
+    stages = plan.stages
+    return LayoutStatus(
+        tensor=plan.tensor_parallel,
+        pipeline=plan.pipeline_parallel,
+        nodes_per_replica=max(1, -(-gpus // max(gpus_per_node, 1))),
+        layers_per_stage=[s.layers for s in stages] if stages else [plan.num_layers],
+        bounding_stage=plan.bounding_stage + 1 if stages else None,
+    )
+
+
+def _gpu_tier_bytes(plan: CapacityPlan) -> int:
+    """The GPU cache of one replica: every stage allocates the same block count, each
+    with its own layers' pages."""
+    if not plan.stages:
+        return plan.num_blocks * plan.block_bytes_per_gpu * plan.tensor_parallel
+    per_gpu = sum(plan.num_blocks * s.block_bytes_per_gpu for s in plan.stages)
+    return per_gpu * plan.tensor_parallel
 
 
 def _host_tier(decision: Decision) -> HostTierPlan | None:

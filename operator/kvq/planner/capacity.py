@@ -97,6 +97,7 @@ class CapacityPlan(BaseModel):
     cudagraph_estimate_bytes: int = 0
     # Pipeline parallel: the per-GPU figures above are the bounding stage's (the fewest
     # blocks, which vLLM gives every stage); each stage's own figures in `stages`.
+    num_layers: int = 0  # the model's (one stage: the stage's)
     pipeline_parallel: int = 1
     stages: tuple[StageCapacity, ...] = ()
     bounding_stage: int = 0
@@ -213,6 +214,7 @@ def _plan_replica(
             activation_bytes=plan.activation_bytes,
             available_kv_bytes=plan.available_kv_bytes,
             kv_bytes_per_token_per_gpu=plan.kv_bytes_per_token_per_gpu,
+            block_bytes_per_gpu=plan.block_bytes_per_gpu,
             num_blocks=plan.num_blocks,
             fits=plan.fits,
             reason=plan.reason,
@@ -226,6 +228,7 @@ def _plan_replica(
             "pipeline_parallel": pipeline_parallel,
             "stages": stages,
             "bounding_stage": bounding,
+            "num_layers": arch.num_layers,
             "kv_bytes_per_token": kv_bytes_per_token(arch, kv_cache_dtype),
         }
     )
@@ -368,6 +371,7 @@ def _plan_gpu(
         padding_layers=layout.padding_layers if layout is not None else 0,
         model_runner=runner,
         cudagraph_estimate_bytes=graph_estimate,
+        num_layers=arch.num_layers,
     )
 
 
@@ -523,4 +527,5 @@ def plan_cpu_capacity(
         cudagraph_bytes=0,
         fits=reason is None,
         reason=reason,
+        num_layers=arch.num_layers,
     )

@@ -37,6 +37,7 @@ class StageCapacity(BaseModel):
     activation_bytes: int
     available_kv_bytes: int
     kv_bytes_per_token_per_gpu: int
+    block_bytes_per_gpu: int
     num_blocks: int
     fits: bool
     reason: str | None = None
