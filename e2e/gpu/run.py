@@ -6,6 +6,7 @@
     run.py --dry-run [--gpu-name "NVIDIA H200" --gpu-memory-mib 143771 --gpu-count 8]
     run.py report RUN.json [RUN.json ...] --out e2e/gpu/results [--keep-plan]
     run.py offload [--dry-run --gpu-name "NVIDIA H200" --gpu-memory-mib 143771] [--out DIR]
+    run.py probe --model-dir DIR [--dtypes fp8,int8] [--dry-run --gpu-name ...] [--out DIR]
 
 Needs vLLM importable by `--python` (the offline bundle: e2e/gpu/README.md) and kvq on
 PYTHONPATH (operator/). Writes <out>/<date>-<gpu>[-label].json and .md, the engine logs
@@ -256,11 +257,75 @@ def offload_main(argv: list[str]) -> int:
     return 1 if bad or len(checks) != len(config.points) else 0
 
 
+def probe_main(argv: list[str]) -> int:
+    """`kvq probe` with the trained probe model, auto against quantized caches:
+    gputier/probe_quality.py."""
+    from gputier import probe_quality
+    from gputier.gpu import pool_for
+    from gputier.tier import TierConfig, new_document
+
+    parser = argparse.ArgumentParser(prog="run.py probe", description="kvq probe on this GPU")
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        help="the trained probe model (e2e/engine/train_model.py's cache directory)",
+    )
+    parser.add_argument("--dtypes", type=_csv, default=probe_quality.ProbeConfig().dtypes)
+    parser.add_argument("--python", default="python3", help="the image's python (vLLM)")
+    parser.add_argument("--deadline-s", type=float, default=540.0)
+    parser.add_argument("--start-deadline-s", type=float, default=300.0)
+    parser.add_argument("--label", default="probe", help="suffix of the result files")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--gpu-name", help="with --dry-run: the GPU nvidia-smi would name")
+    parser.add_argument("--gpu-memory-mib", type=int, default=None)
+    args = parser.parse_args(argv)
+    if "auto" in args.dtypes:
+        parser.error("--dtypes lists the quantized caches; auto is always the baseline")
+    if args.gpu_name:
+        info = GpuInfo(args.gpu_name, args.gpu_memory_mib or 0, "unknown", 1)
+    else:
+        info = detect_gpus()
+    pool = pool_for(info)
+    config = probe_quality.ProbeConfig(
+        dtypes=args.dtypes,
+        python=args.python,
+        deadline_s=args.deadline_s,
+        start_deadline_s=args.start_deadline_s,
+    )
+    if args.dry_run:
+        print("\n".join(probe_quality.dry_run_lines(pool, config)))
+        return 0
+    if args.model_dir is None or not (args.model_dir / "config.json").is_file():
+        parser.error("--model-dir must be the trained probe model (a directory with config.json)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    run_dir = args.out / f"logs-{args.label}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "probe-in-progress.json"
+    document = new_document(info, pool, TierConfig(shapes=(), dtypes=(), label=args.label))
+    document["weights"] = f"trained: {args.model_dir.name} (e2e/engine/train_model.py)"
+    document = probe_quality.run_probe_quality(
+        pool, document, args.model_dir, run_dir, write_json(json_path), config
+    )
+    stem = free_stem(args.out, f"{report.file_stem(document)}-{args.label}")
+    final = args.out / f"{stem}.json"
+    json_path.replace(final)
+    text = "\n".join(probe_quality.markdown(document["probe"], info.name, document["versions"]))
+    (args.out / f"{stem}.md").write_text(text + "\n")
+    print(text)
+    points = document["probe"]["points"]
+    served = [p for p in points if p["outcome"] == "served"]
+    print(f"wrote {final}; served {len(served)} of {len(points)}")
+    return 0 if served and served[0]["dtype"] == "auto" else 1
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["report"]:
         return report_main(argv[1:])
     if argv[:1] == ["offload"]:
         return offload_main(argv[1:])
+    if argv[:1] == ["probe"]:
+        return probe_main(argv[1:])
     return tier_main(argv)
 
 
