@@ -28,6 +28,7 @@ OWNED = {
     "scaledobjects",  # KEDA, for spec.autoscaling
     "httproutes",  # Gateway API, for spec.routing
     "inferencepools",
+    "leaderworkersets",  # LeaderWorkerSet, for a replica over several nodes
 }
 WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
 

@@ -16,6 +16,7 @@ from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
 from kvq.decide import Catalogs, OperatorConfig, Plan, Snapshot, decide
+from kvq.decide.engine_workload import live_engine
 from kvq.decide.types import NextCheck
 from kvq.fallback.ladder import LadderPolicy
 from kvq.placement.claims import GpuClaim
@@ -773,7 +774,7 @@ def test_a_crash_that_repeats_under_auto_returns_to_the_requested_dtype_degraded
     assert "gelu" in message(plan, "Degraded")
 
 
-def test_status_shows_the_replicas_layout_and_a_multi_node_one_is_refused_clearly() -> None:
+def test_status_shows_the_replicas_layout() -> None:
     stages = isvc(
         model={"uri": "hf://meta-llama/Llama-3.1-70B-Instruct"},
         placement={"parallelism": {"tensor": 4, "pipeline": 2}, "pools": ["gpu-h100"]},
@@ -793,12 +794,108 @@ def test_status_shows_the_replicas_layout_and_a_multi_node_one_is_refused_clearl
     one_gpu = decide(snapshot(isvc())).status["capacity"]["layout"]
     assert one_gpu == {"tensor": 1, "pipeline": 1, "nodesPerReplica": 1, "layersPerStage": [32]}
 
-    two_nodes = isvc(
-        model={"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
+
+def h100_nodes(count: int) -> list[dict[str, Any]]:
+    """`count` nodes of the 8-GPU H100 pool (gpu-h100)."""
+    [base] = pool_nodes("gpu-h100")
+    found = []
+    for i in range(count):
+        node = copy.deepcopy(base)
+        node["metadata"]["name"] = f"aws-h100-{i}"
+        node["metadata"]["labels"]["kubernetes.io/hostname"] = f"aws-h100-{i}"
+        found.append(node)
+    return found
+
+
+def group_of(plan: Plan) -> dict[str, Any]:
+    return next(o for o in plan.apply if o["kind"] == "LeaderWorkerSet")
+
+
+TWO_NODES = {"parallelism": {"tensor": 8, "pipeline": 2}, "pools": ["gpu-h100"]}
+LLAMA_405B = {"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"}
+
+
+def test_a_replica_over_two_nodes_is_a_leader_worker_set_ready_from_its_status() -> None:
+    two_nodes = isvc(model=LLAMA_405B, placement=TWO_NODES)
+    plan = decide(snapshot(two_nodes, node_list=h100_nodes(2)))
+    assert conditions(plan)["Placed"][0] == "True"
+    assert plan.status["capacity"]["layout"]["nodesPerReplica"] == 2
+    assert sorted(o["kind"] for o in plan.apply) == ["ConfigMap", "LeaderWorkerSet", "Service"]
+    group = group_of(plan)
+    assert group["metadata"]["name"] == "llama-group"
+    assert group["spec"]["leaderWorkerTemplate"]["size"] == 2
+    leader = group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert leader["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    [service] = [o for o in plan.apply if o["kind"] == "Service"]
+    assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    # 16 GPUs of the pool claimed before any pod is bound.
+    assert plan.claims is not None and [c.gpus for c in plan.claims] == [16]
+
+    # Ready from the LeaderWorkerSet's own status: Progressing until Available.
+    live = copy.deepcopy(group)
+    live["metadata"]["generation"] = 1
+    live["status"] = {
+        "observedGeneration": 1,
+        "replicas": 1,
+        "updatedReplicas": 1,
+        "readyReplicas": 0,
+        "conditions": [{"type": "Progressing", "status": "True"}],
+    }
+    placed = with_status(two_nodes, plan)
+
+    def seen(live: dict[str, Any]) -> Snapshot:
+        # As the operator reads it (handlers.read_pass): the group as the live engine.
+        engine = live_engine([live], "llama")
+        return snapshot(placed, node_list=h100_nodes(2), owned=[live], deployment=engine)
+
+    starting = decide(seen(live))
+    assert conditions(starting)["Ready"] == ("False", "Progressing")
+    assert message(starting, "Ready") == "0/1 replicas of the current spec ready."
+    live["status"]["readyReplicas"] = 1
+    live["status"]["conditions"] = [{"type": "Available", "status": "True"}]
+    ready = decide(seen(live))
+    assert conditions(ready)["Ready"] == ("True", "Available")
+    assert message(ready, "Ready").startswith("1/1 replicas ready on pool gpu-h100")
+    assert ready.delete == ()
+
+
+def test_each_pod_of_a_group_asks_a_node_for_its_share_of_the_memory() -> None:
+    one_pod = isvc(
+        model={"uri": "hf://meta-llama/Llama-3.1-70B-Instruct"},
+        placement={"gpusPerReplica": 8, "pools": ["gpu-h100"]},
+    )
+    stages = isvc(
+        model={"uri": "hf://meta-llama/Llama-3.1-70B-Instruct"},
         placement={"parallelism": {"tensor": 8, "pipeline": 2}, "pools": ["gpu-h100"]},
     )
-    refused = decide(snapshot(two_nodes))
-    assert conditions(refused)["Placed"][0] == "False"
-    message = next(c["message"] for c in refused.status["conditions"] if c["type"] == "Placed")
-    assert "tensor 8 x pipeline 2 = 16 GPUs spans 2 nodes of 8 GPUs" in message
-    assert "the operator does not place them yet" in message
+
+    def memory(plan: Plan) -> float:
+        obj = next(o for o in plan.apply if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+        spec = obj["spec"]
+        template = spec.get("template") or spec["leaderWorkerTemplate"]["workerTemplate"]
+        text = template["spec"]["containers"][0]["resources"]["requests"]["memory"]
+        return float(text.removesuffix("Gi"))
+
+    whole = memory(decide(snapshot(one_pod, node_list=h100_nodes(2))))
+    half = memory(decide(snapshot(stages, node_list=h100_nodes(2))))
+    # 70B in bf16 is about 131 GiB of weights: each of the two pods loads its stage's half
+    # (plus its own /dev/shm and overhead for 8 GPUs, as a single 8-GPU pod would).
+    assert half < whole
+    assert whole - half > 50
+
+
+def test_a_group_waits_for_whole_free_nodes_and_switching_deletes_the_other_kind() -> None:
+    two_nodes = isvc(model=LLAMA_405B, placement=TWO_NODES)
+    waiting = decide(snapshot(two_nodes, node_list=h100_nodes(1)))
+    assert conditions(waiting)["Placed"] == ("False", "WaitingForCapacity")
+    assert "2 nodes of 8 per replica" in message(waiting, "Placed")
+
+    # The service ran on one node before: its Deployment goes once the group is rendered.
+    one_node = decide(snapshot(isvc(), node_list=h100_nodes(2)))
+    old = deployment_of(one_node)
+    plan = decide(snapshot(two_nodes, node_list=h100_nodes(2), owned=[old]))
+    assert [(r.kind, r.name) for r in plan.delete] == [("Deployment", "llama")]
+    # And back: the group goes once a Deployment is rendered.
+    group = group_of(plan)
+    back = decide(snapshot(isvc(), node_list=h100_nodes(2), owned=[group]))
+    assert [(r.kind, r.name) for r in back.delete] == [("LeaderWorkerSet", "llama-group")]

@@ -167,9 +167,14 @@ def test_validate_names_the_layouts_the_model_allows_and_what_spans_nodes(
     ) in refused.stdout
     two_nodes = service("hf://meta-llama/Llama-3.1-405B-Instruct", {"tensor": 8, "pipeline": 2})
     spans = runner.invoke(app, ["validate", "-f", two_nodes, "--pool", "H100", "--node-count", "2"])
-    assert spans.exit_code == 1
-    assert "tensor 8 x pipeline 2 = 16 GPUs spans 2 nodes of 8 GPUs" in spans.stdout
-    assert "the operator does not place them yet" in spans.stdout
+    assert spans.exit_code == 0, spans.output
+    assert "rung requested on pool" in spans.stdout
+    rendered = runner.invoke(
+        app, ["render", "-f", two_nodes, "--pool", "H100", "--node-count", "2"]
+    )
+    assert rendered.exit_code == 0, rendered.output
+    assert "kind: LeaderWorkerSet" in rendered.stdout
+    assert "kind: Deployment" not in rendered.stdout
     assert runner.invoke(app, ["validate", "-f", two_nodes]).exit_code == 0  # the API allows it
 
 

@@ -99,14 +99,20 @@ def test_a_declared_layout_names_its_own_fields_and_the_valid_sizes() -> None:
     assert layout_problem(model("llama-3-70b"), 8, 16, declared=True) is None
 
 
-def test_placement_refuses_a_replica_over_several_nodes_and_says_what_is_planned() -> None:
+def test_placement_takes_a_replica_over_several_nodes_and_waits_for_whole_nodes() -> None:
     llama_405b = model("meta-llama/Llama-3.1-405B-Instruct")
     two_nodes = request(gpus_per_replica=16, pipeline_parallel=2, parallelism_declared=True)
     choice = choose_pool(two_nodes, inventory(), ENGINE, llama_405b)
-    assert choice.chosen is None
-    assert reasons(choice, "gpu-h100").startswith(
-        "a replica of tensor 8 x pipeline 2 = 16 GPUs spans 2 nodes of 8 GPUs: kvq plans "
-        "multi-node replicas (kvq plan -f) but the operator does not place them yet"
+    # hetero has one 8-GPU node per H100/H200/B200 pool: compatible, not runnable now.
+    assert choice.chosen is not None and choice.chosen.fits
+    assert reasons(choice, "gpu-h100") == ""
+    assert choice.chosen.not_now == (
+        "room for 0 of 1 replicas now (8 free GPUs on 1 usable nodes, 2 nodes of 8 per replica)"
+    )
+    # Tensor parallel across nodes is not how kvq splits a replica.
+    across = request(gpus_per_replica=16, parallelism_declared=True)
+    assert "nodes have 8 GPUs, a replica needs 16" in reasons(
+        choose_pool(across, inventory(), ENGINE, llama_405b), "gpu-h100"
     )
     # Stages within one node are placed like any replica: 4 x 2 on an 8-GPU node.
     one_node = request(gpus_per_replica=8, pipeline_parallel=2, parallelism_declared=True)

@@ -95,6 +95,11 @@ their logs (failure evidence), the kinds it renders, Events, and kopf's namespac
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
   verbs: [get, list, watch, create, patch, delete]
+# A replica over several nodes (gpusPerReplica above a node's GPUs): a LeaderWorkerSet
+# (its controller, when installed, makes the StatefulSets and pods itself).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

@@ -18,6 +18,7 @@ from kvq.api.resource import InferenceService
 from kvq.api.status import Condition, InferenceServiceStatus, TierStatus
 from kvq.api.tiers import TierSpec
 from kvq.decide.conditions import ConditionUpdate, condition, merge_conditions
+from kvq.decide.engine_workload import live_engine
 from kvq.decide.manifests import owned_by
 from kvq.decide.routing import ROUTE_KINDS, route
 from kvq.decide.types import EventSpec, ObjectRef, Plan, Snapshot
@@ -64,10 +65,7 @@ def _view(snap: Snapshot, tier: TierSpec | None, stored: InferenceServiceStatus)
         }
     )
     derived = isvc.model_copy(update={"spec": spec, "status": stored})
-    deployment = next(
-        (o for o in owned if o.get("kind") == "Deployment" and o["metadata"]["name"] == name),
-        None,
-    )
+    deployment = live_engine(owned, name)
     # Engine metrics are read per service; an extra tier's are not in status.metrics.
     return replace(view, isvc=derived, deployment=deployment, engine_metrics=None)
 

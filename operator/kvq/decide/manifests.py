@@ -185,8 +185,12 @@ def _with_rollout(manifest: Manifest, rollout: Rollout) -> Manifest:
 
 
 def _pod_hash(manifests: list[Manifest]) -> str:
-    deployment = next(m for m in manifests if m["kind"] == "Deployment")
-    return str(deployment["spec"]["template"]["metadata"]["annotations"][keys.ANNOTATION_SPEC_HASH])
+    engine = next(m for m in manifests if m["kind"] in ("Deployment", "LeaderWorkerSet"))
+    spec = engine["spec"]
+    template = (
+        spec["template"] if "template" in spec else spec["leaderWorkerTemplate"]["leaderTemplate"]
+    )
+    return str(template["metadata"]["annotations"][keys.ANNOTATION_SPEC_HASH])
 
 
 def owned_by(isvc: InferenceService, manifest: Manifest) -> Manifest:

@@ -16,6 +16,7 @@ from kvq.catalog.models import ModelArchitecture
 from kvq.fallback.ladder import Rung, RungState
 from kvq.placement.choice import PoolChoice, PoolRequest, choose_pool
 from kvq.placement.discovery import Inventory
+from kvq.placement.pool import nodes_per_replica
 from kvq.planner.kv_layout import kv_manager_flags
 from kvq.planner.weights import WeightFormat
 from kvq.render.pod import host_tier_bytes, memory_request_bytes
@@ -97,6 +98,7 @@ def place_rungs(
             leave_current=leave_current,
             unschedulable=unschedulable or "",
             memory_bytes=memory_request_bytes(isvc, sized),
+            pod_memory_bytes=_pod_memory(isvc, sized, inventory),
             host_tier_bytes=host_tier_bytes(isvc, sized),
             hybrid_kv_cache_manager=manager.hybrid_manager,
             kv_cache_dtype_skip_layers=manager.skip_layers,
@@ -106,6 +108,19 @@ def place_rungs(
         choice = choose_pool(request, inventory, capability, arch)
         placements[rung] = RungPlacement(rung, dtype, choice, _state(rung, choice))
     return placements
+
+
+def _pod_memory(
+    isvc: InferenceService, sized: EffectiveSettings, inventory: Inventory
+) -> dict[int, int]:
+    """A pod's memory request for each node count a replica spans on some pool (above 1)."""
+    placement = isvc.spec.placement
+    spans = {
+        nodes_per_replica(placement.tensor_parallel, placement.pipeline_parallel, p.gpus_per_node)
+        for p in inventory.pools
+    }
+    found = {n: memory_request_bytes(isvc, sized, n) for n in spans if n is not None and n > 1}
+    return {n: b for n, b in found.items() if b is not None}
 
 
 def _state(rung: Rung, choice: PoolChoice) -> RungState:

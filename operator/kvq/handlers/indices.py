@@ -1,9 +1,10 @@
 """kopf indices: what reconcile reads instead of asking the API server.
 
-Engine Pods and the objects kvq renders (ConfigMap, Deployment, Service,
-PodDisruptionBudget), labelled managed-by kvq, by (namespace, InferenceService name);
+Engine Pods and the objects kvq renders (ConfigMap, Deployment or LeaderWorkerSet, Service,
+PodDisruptionBudget, ...), labelled managed-by kvq, by (namespace, InferenceService name);
 bodies are kept without managedFields (the largest part of an object, and nothing kvq
-reads). Nodes, every pod's GPUs and the GPUs kvq's Deployments claim of their pools feed the
+reads). Nodes, every pod's GPUs and the GPUs kvq's Deployments and LeaderWorkerSets claim of
+their pools feed the
 runtime's Fleet instead (the pools, kept counted): their index handlers keep nothing, and
 are index handlers because kopf calls those for the whole first listing before it lets
 any handler or daemon run, so the first decisions see every node and pod.
@@ -52,6 +53,7 @@ def gpu_claims(
 POD_INDEX = "kvq_pods"
 GPU_POD_INDEX = "kvq_gpu_pods"
 GPU_CLAIM_INDEX = "kvq_gpu_claims"
+GROUP_CLAIM_INDEX = "kvq_group_claims"
 NODE_INDEX = "kvq_nodes"
 OWNED_INDICES: dict[str, tuple[str, str, str]] = {
     "kvq_configmaps": ("", "v1", "configmaps"),
@@ -64,6 +66,8 @@ OWNED_INDICES: dict[str, tuple[str, str, str]] = {
     "kvq_scaledobjects": ("keda.sh", "v1alpha1", "scaledobjects"),
     "kvq_httproutes": ("gateway.networking.k8s.io", "v1", "httproutes"),
     "kvq_inferencepools": ("inference.networking.k8s.io", "v1", "inferencepools"),
+    # LeaderWorkerSet's, when installed: the engine of a replica over several nodes.
+    "kvq_leaderworkersets": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 }
 
 

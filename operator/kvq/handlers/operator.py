@@ -25,6 +25,7 @@ from kvq.api.keys import GROUP, PLURAL, VERSION
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
+from kvq.decide.engine_workload import ENGINE_KINDS
 from kvq.decide.types import DEFAULT_OPERATOR_IMAGE, Catalogs, OperatorConfig
 from kvq.fallback.evidence import evidence_from_pod
 from kvq.fallback.ladder import LadderPolicy
@@ -225,7 +226,7 @@ def on_owned_event(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    if type == "DELETED" and body.get("kind") == "Deployment" and namespace:
+    if type == "DELETED" and body.get("kind") in ENGINE_KINDS and namespace:
         memo.runtime.fleet.deployment((namespace, name), None)
     owner = owner_of(labels, namespace)
     if owner is not None:
@@ -279,6 +280,14 @@ def build_registry() -> kopf.OperatorRegistry:
     # kvq's Deployments' GPUs on their pools, bound or not yet: the pools' GPU claims.
     kopf.index("apps/v1", "deployments", labels=managed, id=indices.GPU_CLAIM_INDEX,
                registry=registry)(_on_loop(indices.gpu_claims))  # fmt: skip
+    # A replica over several nodes: its LeaderWorkerSet's groups claim whole nodes' GPUs.
+    kopf.index(
+        "leaderworkerset.x-k8s.io/v1",
+        "leaderworkersets",
+        labels=managed,
+        id=indices.GROUP_CLAIM_INDEX,
+        registry=registry,
+    )(_on_loop(indices.gpu_claims))
     for index_id, (group, version, plural) in indices.OWNED_INDICES.items():
         api = f"{group}/{version}" if group else version
         kopf.index(api, plural, labels=managed, id=index_id, registry=registry)(by_owner)

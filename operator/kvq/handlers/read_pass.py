@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kvq.api.resource import InferenceService
 from kvq.api.validation import parse_inference_service
 from kvq.catalog.engines import EngineVersionError
+from kvq.decide.engine_workload import live_engine
 from kvq.decide.metrics import EngineReading
 from kvq.decide.types import Snapshot
 from kvq.k8s.logs import read_log_tails
@@ -57,9 +58,7 @@ def read_pass(runtime: Runtime, raw: dict[str, Any], observed: Observed, now: da
     uid = raw["metadata"]["uid"]
     owned = [obj for obj in observed.owned if _controlled_by(obj, uid)]
     name = isvc.metadata.name
-    deployment = next(
-        (o for o in owned if o["kind"] == "Deployment" and o["metadata"]["name"] == name), None
-    )
+    deployment = live_engine(owned, name)
     routing = isvc.spec.routing
     snapshot = Snapshot(
         isvc=isvc,

@@ -19,7 +19,7 @@ from kvq.api.scheduling import Toleration
 from kvq.catalog.engines import EngineCapability
 from kvq.catalog.models import ModelArchitecture
 from kvq.placement.discovery import TRANSIENT_TAINT_KEYS, Inventory
-from kvq.placement.pool import NodePool, OwnerKey, Taint
+from kvq.placement.pool import NodePool, OwnerKey, Taint, nodes_per_replica
 from kvq.placement.tensor_parallel import layout_problem
 from kvq.planner import CapacityPlan, plan_capacity
 from kvq.planner.weights import WeightFormat
@@ -58,6 +58,9 @@ class PoolRequest:
     knows more than GPU counts: CPU, memory, affinity)."""
     memory_bytes: int | None = None
     """The engine container's memory request: one node must have it allocatable."""
+    pod_memory_bytes: Mapping[int, int] = field(default_factory=dict)
+    """A pod's memory request when a replica spans N nodes, by N (each pod of the group
+    holds its share of the weights, /dev/shm and CPU tier)."""
     host_tier_bytes: int = 0
     """The part of it that is the KV cache's CPU tier (memory.swapSpaceGiB x GPUs)."""
     hybrid_kv_cache_manager: bool = True
@@ -235,26 +238,28 @@ def _judge(
 
 
 def _split_problem(pool: NodePool, request: PoolRequest) -> str | None:
-    """Why one replica's GPUs do not fit on one node of the pool (None: they do)."""
+    """Why one replica's GPUs do not fit on one node of the pool, nor split over whole nodes
+    of it as kvq splits a replica (None: they do)."""
     need, per_node = request.gpus_per_replica, pool.gpus_per_node
-    if need <= per_node:
+    if nodes_per_replica(request.tensor_parallel, request.pipeline_parallel, per_node):
         return None
-    tensor, pipeline = request.tensor_parallel, request.pipeline_parallel
-    if pipeline == 1 or tensor > per_node or per_node % tensor or need % per_node:
-        return f"nodes have {per_node} GPUs, a replica needs {need}"
-    return (
-        f"a replica of tensor {tensor} x pipeline {pipeline} = {need} GPUs spans "
-        f"{need // per_node} nodes of {per_node} GPUs: kvq plans multi-node replicas "
-        "(kvq plan -f) but the operator does not place them yet"
-    )
+    return f"nodes have {per_node} GPUs, a replica needs {need}"
 
 
 def _memory_problem(pool: NodePool, request: PoolRequest) -> str | None:
-    """Why no node of the pool can hold one replica's memory (None: one can, or the nodes
-    do not report their memory)."""
+    """Why no node of the pool can hold one pod's memory (None: one can, or the nodes do
+    not report their memory). A replica over several nodes asks each node for its pod's
+    share (`pod_memory_bytes`)."""
     largest = pool.largest_memory
-    if request.memory_bytes is None or not largest or request.memory_bytes <= largest:
+    nodes = _nodes(pool, request)
+    asked = request.memory_bytes if nodes == 1 else request.pod_memory_bytes.get(nodes)
+    if asked is None or not largest or asked <= largest:
         return None
+    if nodes > 1:
+        return (
+            f"each pod of a replica over {nodes} nodes asks for {_gib(asked)} of host memory; "
+            f"the largest node has {_gib(largest)} allocatable"
+        )
     tier = (
         f", {_gib(request.host_tier_bytes)} of it the KV cache's CPU tier "
         "(memory.swapSpaceGiB x gpusPerReplica)"
@@ -262,9 +267,17 @@ def _memory_problem(pool: NodePool, request: PoolRequest) -> str | None:
         else ""
     )
     return (
-        f"a replica asks for {_gib(request.memory_bytes)} of host memory{tier}; the largest "
+        f"a replica asks for {_gib(asked)} of host memory{tier}; the largest "
         f"node has {_gib(largest)} allocatable"
     )
+
+
+def _nodes(pool: NodePool, request: PoolRequest) -> int:
+    """Nodes one replica spans on the pool (1 when it cannot be split: _split_problem)."""
+    found = nodes_per_replica(
+        request.tensor_parallel, request.pipeline_parallel, pool.gpus_per_node
+    )
+    return found or 1
 
 
 def _gib(size: int) -> str:
@@ -276,6 +289,7 @@ def _room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:
     shape = (
         request.owner,
         request.gpus_per_replica,
+        _nodes(pool, request),
         request.replicas,
         tuple((t.key, t.operator, t.value, t.effect) for t in request.tolerations),
     )
@@ -286,6 +300,10 @@ def _room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:
 
 def _count_room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:
     need = request.gpus_per_replica
+    # A replica over several nodes is a group of pods, each taking its share of the GPUs on
+    # a node of its own: the group is placed whole, on nodes that each have that share free.
+    nodes = _nodes(pool, request)
+    per_pod = need // nodes
     allowed: dict[frozenset[Taint], bool] = {}  # a pool's nodes share a few taint sets
     frees = []
     for node in pool.nodes:
@@ -298,16 +316,17 @@ def _count_room(pool: NodePool, request: PoolRequest) -> tuple[int, str]:
     # Replicas other services claim take their GPUs from the pool as a whole.
     claimed = pool.claimed_by_others(request.owner)
     free = max(sum(frees) - claimed, 0)
-    slots = min(sum(f // need for f in frees), free // need)
+    slots = min(sum(f // per_pod for f in frees) // nodes, free // need)
     if slots >= request.replicas:
         return slots, ""
     if not frees:
         return 0, _unusable(pool, request.tolerations)
     # Users read "promised" in status (tests pin it): the claim by its everyday name.
     claimed_note = f", {claimed} more promised to replicas not bound yet" if claimed else ""
+    per_replica = f"{need} per replica" if nodes == 1 else f"{nodes} nodes of {per_pod} per replica"
     return slots, (
         f"room for {slots} of {request.replicas} replicas now ({free} free GPUs on "
-        f"{len(frees)} usable nodes{claimed_note}, {need} per replica)"
+        f"{len(frees)} usable nodes{claimed_note}, {per_replica})"
     )
 
 

@@ -1,4 +1,5 @@
-"""GPU claims: what kvq's engine Deployments ask of their pools before their pods are bound,
+"""GPU claims: what kvq's engine Deployments and LeaderWorkerSets ask of their pools before
+their pods are bound,
 and the cache of them that decisions count (kube-scheduler's "assume" cache, for
 Deployments).
 
@@ -26,7 +27,8 @@ from kvq.placement.gpu_requests import gpus_of
 from kvq.placement.pool import OwnerKey
 
 DeploymentKey = tuple[str, str]
-"""(namespace, name) of one of kvq's Deployments."""
+"""(namespace, name) of one of kvq's Deployments or LeaderWorkerSets (a LeaderWorkerSet's
+name ends in -group, so the two never share a key)."""
 
 
 @dataclass(frozen=True)
@@ -43,18 +45,27 @@ class GpuClaim:
         return max(self.replicas, 0) * max(self.gpus_per_replica, 0)
 
 
-def gpu_claim(deployment: Mapping[str, Any]) -> GpuClaim | None:
-    """The GPUs one of kvq's engine Deployments asks of its pool; None when it asks none
-    (being deleted, no pool, no GPU)."""
-    meta = deployment.get("metadata") or {}
+def gpu_claim(workload: Mapping[str, Any]) -> GpuClaim | None:
+    """The GPUs one of kvq's engine Deployments (or LeaderWorkerSets: a group of pods per
+    replica) asks of its pool; None when it asks none (being deleted, no pool, no GPU)."""
+    meta = workload.get("metadata") or {}
     owner = (meta.get("labels") or {}).get(keys.LABEL_INFERENCESERVICE)
     namespace = meta.get("namespace")
     if not owner or not namespace or meta.get("deletionTimestamp"):
         return None
-    spec = deployment.get("spec") or {}
-    template = spec.get("template") or {}
+    spec = workload.get("spec") or {}
+    group = spec.get("leaderWorkerTemplate")
+    if isinstance(group, Mapping):
+        leader = group.get("leaderTemplate") or {}
+        worker = group.get("workerTemplate") or leader
+        size = group.get("size", 1)
+        size = size if isinstance(size, int) and size > 0 else 1
+        template = leader
+        gpus = gpus_of(leader.get("spec") or {}) + (size - 1) * gpus_of(worker.get("spec") or {})
+    else:
+        template = spec.get("template") or {}
+        gpus = gpus_of(template.get("spec") or {})
     pool = ((template.get("metadata") or {}).get("annotations") or {}).get(keys.ANNOTATION_POOL)
-    gpus = gpus_of(template.get("spec") or {})
     replicas = spec.get("replicas", 1)
     if not pool or gpus <= 0 or not isinstance(replicas, int):
         return None

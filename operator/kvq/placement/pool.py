@@ -94,6 +94,22 @@ class NodePool:
         return self.name in names or (bool(self.group) and self.group in names)
 
 
+def nodes_per_replica(tensor: int, pipeline: int, gpus_per_node: int) -> int | None:
+    """Nodes one replica of tensor x pipeline GPUs spans on nodes of `gpus_per_node` GPUs:
+    1 when it fits on one node; None when kvq does not split it over nodes.
+
+    A replica spans nodes by whole pipeline stages on whole nodes (vLLM's ranks go node by
+    node, so each tensor-parallel group stays on one node's NVLink): pipeline above 1, a
+    tensor size that divides the node's GPUs, and GPUs that fill whole nodes.
+    """
+    gpus = tensor * pipeline
+    if gpus <= gpus_per_node:
+        return 1
+    if pipeline == 1 or tensor > gpus_per_node or gpus_per_node % tensor or gpus % gpus_per_node:
+        return None
+    return gpus // gpus_per_node
+
+
 def pool_for_gpu(gpu: GpuModel, gpus_per_node: int = 8) -> NodePool:
     """A pool of one node of `gpu`, selected by the GFD product label (`kvq render --pool`)."""
     return NodePool(

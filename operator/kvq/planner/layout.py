@@ -16,8 +16,8 @@ Facts from vLLM 0.26.0's source:
   bounds a replica's tokens (planner/stages.py plans each stage's memory; it is not always
   the stage with the most attention layers).
 
-`spec.placement.parallelism` declares the layout; `kvq plan` shows it. The operator places
-single-node layouts only; multi-node replicas (LeaderWorkerSet) are the next step (issue 24).
+`spec.placement.parallelism` declares the layout; `kvq plan` shows it. The operator places a
+multi-node replica as a LeaderWorkerSet (render/leaderworkerset.py, issue 24).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from kvq.api.engine import MANAGED_FLAGS
 from kvq.api.resource import InferenceService
 from kvq.catalog.engines import EngineCapability
-from kvq.placement.pool import NodePool
+from kvq.placement.pool import NodePool, nodes_per_replica
 from kvq.planner.host_tier import host_tier_gib_per_gpu
 from kvq.render.model_source import ModelSource, resolve_model_source
 from kvq.render.settings import EffectiveSettings, RenderError
@@ -75,13 +75,14 @@ def engine_args(
         add("--served-model-name", isvc.metadata.name)
     add("--port", str(port))
     placement = spec.placement
-    if placement.gpus_per_replica > pool.gpus_per_node:
-        spans = (
-            " (a replica over several nodes is not rendered yet)" if placement.parallelism else ""
-        )
+    # A replica over several nodes gets its launch flags (--nnodes ...) from
+    # render.leaderworkerset; one that does not split over whole nodes is refused.
+    if not nodes_per_replica(
+        placement.tensor_parallel, placement.pipeline_parallel, pool.gpus_per_node
+    ):
         raise RenderError(
             f"gpusPerReplica {placement.gpus_per_replica} does not fit on one node of pool "
-            f"{pool.name} ({pool.gpus_per_node} GPUs per node){spans}"
+            f"{pool.name} ({pool.gpus_per_node} GPUs per node)"
         )
     add("--tensor-parallel-size", str(placement.tensor_parallel))
     if placement.pipeline_parallel > 1:  # stages on one node's GPUs

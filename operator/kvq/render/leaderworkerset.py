@@ -28,7 +28,8 @@ the model source and cache volumes, /dev/shm, tolerations and node selector. Wha
 - The Service selects the leader only (worker index 0): the OpenAI endpoint is the leader's.
 - A rank lost breaks the whole NCCL world: the group is recreated when any pod restarts.
 
-Not yet wired into the operator: it refuses to place a replica larger than one node (issue 24).
+render.manifests renders it in place of the Deployment when a replica spans nodes
+(placement.pool.nodes_per_replica); decide.engine_workload reads its status (issue 24).
 """
 
 from __future__ import annotations

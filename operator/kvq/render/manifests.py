@@ -1,4 +1,6 @@
-"""Kubernetes objects for one InferenceService: ConfigMap, Deployment, Service, PDB.
+"""Kubernetes objects for one InferenceService: ConfigMap, Deployment, Service, PDB; a
+replica over several nodes runs as a LeaderWorkerSet instead of the Deployment (one group
+of pods per replica, render.leaderworkerset), with no PDB.
 
 Pure and deterministic: the same inputs give byte-identical objects (sorted maps,
 stable names), and a hash of the pod's inputs on the pod template drives rollouts.
@@ -18,8 +20,10 @@ from kvq.api import keys
 from kvq.api.resource import InferenceService
 from kvq.api.tiers import TierSpec
 from kvq.placement.choice import GPU_TAINT_KEYS
-from kvq.placement.pool import NodePool
+from kvq.placement.pool import NodePool, nodes_per_replica
+from kvq.planner.layout import Layout
 from kvq.render.args import ENGINE_PORT, WRAPPER_DIR, WRAPPER_FILE, container_command
+from kvq.render.leaderworkerset import LeaderWorkerSetError, leader_service, leader_worker_set
 from kvq.render.model_source import resolve_model_source
 from kvq.render.pod import (
     DEFAULT_FETCH_IMAGE,
@@ -121,17 +125,41 @@ def render_manifests(
     step (the operator's own).
     """
     parts = pod_parts(isvc, effective, labels=labels_for(isvc), fetch_image=fetch_image)
-    objects = [
-        _evidence_configmap(isvc, tier),
-        _deployment(isvc, pool, effective, rollout, pod_annotations or {}, tier, parts),
-        _service(isvc, tier),
-    ]
-    if replicas_owned_elsewhere:
-        del objects[1]["spec"]["replicas"]
-    if isvc.spec.desired_replicas() > 1:
-        objects.append(_pod_disruption_budget(isvc, tier))
+    nodes = replica_nodes(isvc, pool)
+    deployment = _deployment(
+        isvc, pool, effective, rollout, pod_annotations or {}, tier, parts, nodes
+    )
+    objects = [_evidence_configmap(isvc, tier), deployment, _service(isvc, tier)]
+    if nodes > 1:
+        # A lost rank breaks the whole group, which LWS recreates: a PDB could only block a
+        # drain, never keep a group serving.
+        placement = isvc.spec.placement
+        layout = Layout(placement.tensor_parallel, placement.pipeline_parallel)
+        try:
+            group = leader_worker_set(deployment, layout, nodes, effective.engine_version)
+        except LeaderWorkerSetError as error:
+            raise RenderError(str(error)) from None
+        if replicas_owned_elsewhere:
+            del group["spec"]["replicas"]
+        objects[1:3] = [group, leader_service(objects[2])]
+    else:
+        if replicas_owned_elsewhere:
+            del deployment["spec"]["replicas"]
+        if isvc.spec.desired_replicas() > 1:
+            objects.append(_pod_disruption_budget(isvc, tier))
     objects.extend(parts.objects)
     return objects
+
+
+def replica_nodes(isvc: InferenceService, pool: NodePool) -> int:
+    """Nodes one replica spans on `pool` (1: a Deployment's pod; more: a LeaderWorkerSet's
+    group). A replica that does not split over the pool's nodes is refused by the engine's
+    arguments (render.args)."""
+    placement = isvc.spec.placement
+    found = nodes_per_replica(
+        placement.tensor_parallel, placement.pipeline_parallel, pool.gpus_per_node
+    )
+    return found or 1
 
 
 def spec_hash(pod_spec: dict[str, Any], annotations: Mapping[str, str] | None = None) -> str:
@@ -169,8 +197,9 @@ def _deployment(
     pod_annotations: Mapping[str, str],
     tier: TierSpec | None,
     parts: PodParts,
+    nodes: int = 1,
 ) -> dict[str, Any]:
-    pod_spec = _pod_spec(isvc, pool, effective, tier, parts)
+    pod_spec = _pod_spec(isvc, pool, effective, tier, parts, nodes)
     # The spec's own pod annotations and labels; kvq's keys win (the CRD refuses them).
     annotations = dict(sorted({**isvc.spec.pod.annotations, **pod_annotations}.items()))
     pod_labels = dict(sorted({**isvc.spec.pod.labels, **labels_for(isvc, tier)}.items()))
@@ -203,6 +232,7 @@ def _pod_spec(
     effective: EffectiveSettings,
     tier: TierSpec | None,
     parts: PodParts,
+    nodes: int = 1,
 ) -> dict[str, Any]:
     source = resolve_model_source(effective.model_uri, None)
     mounts: list[dict[str, Any]] = [
@@ -212,7 +242,7 @@ def _pod_spec(
     volumes: list[dict[str, Any]] = [
         # NCCL and the engine's worker processes exchange tensors through /dev/shm, which
         # the container runtime otherwise caps at 64 MiB. Counted in the memory request.
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(isvc)}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(isvc, nodes)}},
         {
             "name": EVIDENCE_VOLUME,
             "configMap": {"name": evidence_configmap_name(workload_name(isvc, tier))},
@@ -228,7 +258,7 @@ def _pod_spec(
         "image": effective.image,
         "command": container_command(isvc, pool, effective, alias=_alias(tier)),
         "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT}],
-        "resources": container_resources(isvc, effective),
+        "resources": container_resources(isvc, effective, nodes),
         "startupProbe": _probe(STARTUP_PERIOD_SECONDS, startup_failure_threshold(isvc, effective)),
         "readinessProbe": _probe(10, 3),
         "livenessProbe": _probe(15, 4),

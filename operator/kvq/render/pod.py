@@ -256,21 +256,29 @@ def default_cache_size(effective: EffectiveSettings) -> str | None:
     return _gib(size)
 
 
-def shm_size(isvc: InferenceService) -> str:
-    """/dev/shm: spec.engine.shmSize, else 1 GiB per GPU of the replica."""
-    return isvc.spec.engine.shm_size or _gib(_SHM_PER_GPU * isvc.spec.placement.gpus_per_replica)
+def shm_size(isvc: InferenceService, nodes: int = 1) -> str:
+    """/dev/shm: spec.engine.shmSize, else 1 GiB per GPU of the pod (a replica over
+    `nodes` nodes has a pod on each, with its share of the GPUs)."""
+    return isvc.spec.engine.shm_size or _gib(_SHM_PER_GPU * _pod_gpus(isvc, nodes))
 
 
-def container_resources(isvc: InferenceService, effective: EffectiveSettings) -> dict[str, Any]:
-    """Requests and limits of the engine container: the spec's, else derived; plus GPUs."""
+def _pod_gpus(isvc: InferenceService, nodes: int) -> int:
+    return isvc.spec.placement.gpus_per_replica // max(nodes, 1)
+
+
+def container_resources(
+    isvc: InferenceService, effective: EffectiveSettings, nodes: int = 1
+) -> dict[str, Any]:
+    """Requests and limits of the engine container: the spec's, else derived; plus GPUs.
+    A replica over `nodes` nodes: one pod's (its share of the GPUs and derived memory)."""
     spec = isvc.spec
-    tp = spec.placement.gpus_per_replica
+    tp = _pod_gpus(isvc, nodes)
     asked = spec.engine.resources
     requests = asked.requests if asked and asked.requests else ResourceAmounts()
     limits = asked.limits if asked and asked.limits else ResourceAmounts()
     derived_cpu = str(_BASE_CPU + _CPU_PER_GPU * tp)
 
-    memory_request = _memory_request(isvc, effective)
+    memory_request = _memory_request(isvc, effective, nodes)
     memory_limit = limits.memory or memory_request
     cpu_request = requests.cpu or _at_most(derived_cpu, limits.cpu)
     for name, low, high in (
@@ -281,7 +289,7 @@ def container_resources(isvc: InferenceService, effective: EffectiveSettings) ->
             raise RenderError(
                 f"engine.resources: requests.{name} {low} is above limits.{name} {high}"
             )
-    tier = host_tier_bytes(isvc, effective)
+    tier = host_tier_bytes(isvc, effective, nodes)
     if tier and memory_limit is not None and quantity_value(memory_limit) <= tier:
         # The tier is pinned at start-up: the kernel would kill the engine every time.
         raise RenderError(
@@ -304,37 +312,43 @@ def container_resources(isvc: InferenceService, effective: EffectiveSettings) ->
     return out
 
 
-def memory_request_bytes(isvc: InferenceService, effective: EffectiveSettings) -> int | None:
+def memory_request_bytes(
+    isvc: InferenceService, effective: EffectiveSettings, nodes: int = 1
+) -> int | None:
     """The engine container's memory request in bytes (None: not derived, none asked):
-    what each node of a pool must have allocatable for one replica."""
-    request = _memory_request(isvc, effective)
+    what a node of a pool must have allocatable for one replica (for one pod of a replica
+    over `nodes` nodes)."""
+    request = _memory_request(isvc, effective, nodes)
     return None if request is None else int(quantity_value(request))
 
 
-def host_tier_bytes(isvc: InferenceService, effective: EffectiveSettings) -> int:
-    """Host memory of the KV cache's CPU tier, all GPUs of a replica (0: none)."""
+def host_tier_bytes(isvc: InferenceService, effective: EffectiveSettings, nodes: int = 1) -> int:
+    """Host memory of the KV cache's CPU tier, all GPUs of a pod (0: none)."""
     tier = effective.cpu_tier
     gib = host_tier_gib_per_gpu(tier.mode if tier else None, isvc.spec.memory.swap_space_gib)
-    return int(gib * GIB * isvc.spec.placement.gpus_per_replica)
+    return int(gib * GIB * _pod_gpus(isvc, nodes))
 
 
-def _memory_request(isvc: InferenceService, effective: EffectiveSettings) -> str | None:
+def _memory_request(
+    isvc: InferenceService, effective: EffectiveSettings, nodes: int = 1
+) -> str | None:
     asked = isvc.spec.engine.resources
     requests = asked.requests if asked and asked.requests else ResourceAmounts()
     limits = asked.limits if asked and asked.limits else ResourceAmounts()
-    return requests.memory or _at_most(_derived_memory(isvc, effective), limits.memory)
+    return requests.memory or _at_most(_derived_memory(isvc, effective, nodes), limits.memory)
 
 
-def _derived_memory(isvc: InferenceService, effective: EffectiveSettings) -> str | None:
+def _derived_memory(isvc: InferenceService, effective: EffectiveSettings, nodes: int) -> str | None:
     if effective.footprint is None:
         return None
-    tp = isvc.spec.placement.gpus_per_replica
+    tp = _pod_gpus(isvc, nodes)
+    # Each pod of a group loads its own pipeline stages: its share of the weights.
     total = (
         _BASE_MEMORY
         + _MEMORY_PER_GPU * tp
-        + effective.footprint.served_weight_bytes
-        + quantity_value(shm_size(isvc))
-        + host_tier_bytes(isvc, effective)
+        + effective.footprint.served_weight_bytes // max(nodes, 1)
+        + quantity_value(shm_size(isvc, nodes))
+        + host_tier_bytes(isvc, effective, nodes)
     )
     return _gib(total)
 
