@@ -62,10 +62,13 @@ test-engine: prometheus engine-model # real vLLM on this CPU: eight engine start
 	@venv=$$(e2e/engine/install.sh) && KVQ_ENGINE_VENV=$$venv $(PY) -m pytest -m "engine and not gateway" tests/engine; \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no engine tests" >&2; exit 1; fi; exit $$rc
 
-.PHONY: bench chaos
+.PHONY: bench bench-gitops chaos
 # Not tests: they measure, print figures against goals, and exit 1 when a goal is missed.
 bench: binaries # 1,000 InferenceServices on 500 KWOK GPU nodes (about 4 min; BENCH_ARGS=...)
 	$(PY) -m e2e.bench.fleet $(BENCH_ARGS)
+
+bench-gitops: binaries # the same fleet server-side applied at once, as a GitOps sync does (about 5 min)
+	$(PY) -m e2e.bench.fleet --gitops $(BENCH_ARGS)
 
 chaos: binaries # operator SIGKILLs, API server and etcd restarts, peering failover (about 3 min)
 	$(PY) -m e2e.bench.chaos $(CHAOS_ARGS)

@@ -14,6 +14,10 @@ minute at rest: API requests per second that kvq makes
 
     python -m e2e.bench.fleet [--services 1000] [--nodes 500] [--first-wave 100]
 
+`--gitops` (make bench-gitops) arrives the way a GitOps sync does: every service
+server-side applied in one wave, GITOPS_PARALLEL at a time (Argo CD's kubectl parallelism),
+while a client lists the fleet every LIST_EVERY_S seconds (a UI or a sync's comparison).
+
 Prints a table of figures and goals, writes them as JSON (--out), and exits 1 when a goal
 is missed. Not a test: it measures; its figures go into the README.
 """
@@ -55,6 +59,9 @@ OPERATOR_ACCOUNT = "kvq"
 FLOW_SCHEMA = "kvq-bench-operator"
 REJECT_EVERY = 20  # one service in twenty runs on a GPU that refuses fp8 (5%)
 RECONNECT_BACKOFF_S = 1.0
+GITOPS_PARALLEL = 20  # Argo CD's default --kubectl-parallelism-limit
+GITOPS_MANAGER = "argocd-controller"
+LIST_EVERY_S = 10.0
 REFUSAL = (
     "engine exited with code 1\nerror lines, most specific first:\n"
     "NotImplementedError: FP8 KV cache requires head_size divisible by 32 on CPU."
@@ -179,7 +186,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default="", help="write the figures as JSON here")
     parser.add_argument("--workers", type=int, default=0, help="kvq run --workers (0: default)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--gitops",
+        action="store_true",
+        help="every service server-side applied in one wave while a client lists them",
+    )
+    args = parser.parse_args(argv)
+    if args.gitops:
+        args.first_wave = args.services
+    return args
 
 
 def _prepare(kube: Kube) -> None:
@@ -329,7 +344,12 @@ def _run_waves(kube: Kube, args: argparse.Namespace, results: Results, audit: Pa
     first, rest = names[: args.first_wave], names[args.first_wave :]
 
     began = time.monotonic()
-    _create(kube, first, timeline)
+    if args.gitops:
+        lister = threading.Thread(target=_list_every, args=(kube, stop), daemon=True)
+        lister.start()
+        _create(kube, first, timeline, apply=True)
+    else:
+        _create(kube, first, timeline)
     results.first_wave_ready_s = _wait_ready(timeline, first, began, args.deadline)
     stored = _stored(audit)
     results.create_to_deployment_at_100_s = _latency(stored.services, stored.deployments, first)
@@ -361,7 +381,16 @@ def _run_waves(kube: Kube, args: argparse.Namespace, results: Results, audit: Pa
     stop.set()
 
 
-def _create(kube: Kube, names: list[str], timeline: Timeline) -> None:
+def _create(kube: Kube, names: list[str], timeline: Timeline, apply: bool = False) -> None:
+    """Each service created (16 at a time), or with `apply` server-side applied as a
+    GitOps controller does (GITOPS_PARALLEL at a time)."""
+    from kubernetes.dynamic import DynamicClient
+
+    dynamic = DynamicClient(kube.api) if apply else None  # type: ignore[no-untyped-call]
+    resource = None
+    if dynamic is not None:
+        resource = dynamic.resources.get(api_version=f"{GROUP}/{VERSION}", kind="InferenceService")
+
     def one(name: str) -> None:
         index = int(name.split("-")[1])
         spec: dict[str, Any] = {
@@ -383,11 +412,28 @@ def _create(kube: Kube, names: list[str], timeline: Timeline) -> None:
             "spec": spec,
         }
         timeline.mark(timeline.requested, name)
-        kube.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+        if dynamic is not None:
+            dynamic.server_side_apply(
+                resource,
+                body={**body, "metadata": {"name": name, "namespace": NAMESPACE}},
+                namespace=NAMESPACE,
+                field_manager=GITOPS_MANAGER,
+            )
+        else:
+            kube.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
         timeline.mark(timeline.created, name)
 
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(GITOPS_PARALLEL if apply else 16) as pool:
         list(pool.map(one, names))
+
+
+def _list_every(kube: Kube, stop: threading.Event) -> None:
+    """The whole fleet listed every LIST_EVERY_S seconds, as a GitOps UI or sync does."""
+    while not stop.wait(LIST_EVERY_S):
+        try:
+            kube.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+        except k8s.exceptions.ApiException:
+            continue
 
 
 def _wait_ready(
