@@ -206,6 +206,22 @@ def report_main(argv: list[str]) -> int:
     return 0
 
 
+def _one_gpu_run_options(parser: argparse.ArgumentParser, *, label: str) -> None:
+    """The options of a one-GPU run (offload, probe): its files, and a dry run's GPU."""
+    parser.add_argument("--label", default=label, help="suffix of the result files")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--gpu-name", help="with --dry-run: the GPU nvidia-smi would name")
+    parser.add_argument("--gpu-memory-mib", type=int, default=None)
+
+
+def _one_gpu(args: argparse.Namespace) -> GpuInfo:
+    """The GPU a dry run names, or this machine's."""
+    if args.gpu_name:
+        return GpuInfo(args.gpu_name, args.gpu_memory_mib or 0, "unknown", 1)
+    return detect_gpus()
+
+
 def offload_main(argv: list[str]) -> int:
     """The CPU tier (memory.swapSpaceGiB) against no tier: gputier/offload.py."""
     from gputier import offload
@@ -215,16 +231,9 @@ def offload_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="run.py offload", description="kvq's CPU KV tier")
     parser.add_argument("--python", default="python3", help="the image's python (vLLM)")
     parser.add_argument("--deadline-s", type=float, default=540.0)
-    parser.add_argument("--label", default="offload", help="suffix of the result files")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
-    parser.add_argument("--gpu-name", help="with --dry-run: the GPU nvidia-smi would name")
-    parser.add_argument("--gpu-memory-mib", type=int, default=None)
+    _one_gpu_run_options(parser, label="offload")
     args = parser.parse_args(argv)
-    if args.gpu_name:
-        info = GpuInfo(args.gpu_name, args.gpu_memory_mib or 0, "unknown", 1)
-    else:
-        info = detect_gpus()
+    info = _one_gpu(args)
     pool = pool_for(info)
     config = offload.OffloadConfig()
     if args.dry_run:
@@ -274,18 +283,11 @@ def probe_main(argv: list[str]) -> int:
     parser.add_argument("--python", default="python3", help="the image's python (vLLM)")
     parser.add_argument("--deadline-s", type=float, default=540.0)
     parser.add_argument("--start-deadline-s", type=float, default=300.0)
-    parser.add_argument("--label", default="probe", help="suffix of the result files")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
-    parser.add_argument("--gpu-name", help="with --dry-run: the GPU nvidia-smi would name")
-    parser.add_argument("--gpu-memory-mib", type=int, default=None)
+    _one_gpu_run_options(parser, label="probe")
     args = parser.parse_args(argv)
     if "auto" in args.dtypes:
         parser.error("--dtypes lists the quantized caches; auto is always the baseline")
-    if args.gpu_name:
-        info = GpuInfo(args.gpu_name, args.gpu_memory_mib or 0, "unknown", 1)
-    else:
-        info = detect_gpus()
+    info = _one_gpu(args)
     pool = pool_for(info)
     config = probe_quality.ProbeConfig(
         dtypes=args.dtypes,
