@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kvq.api import keys
 from kvq.api.keys import GROUP, PLURAL, VERSION
+from kvq.api.status import InferenceServiceStatus
 from kvq.catalog.engines import load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
@@ -144,7 +145,12 @@ def hand_plan(
             }
         ],
     }
-    return Plan(apply=(config_map, deployment), delete=delete, status=status, events=events)
+    return Plan(
+        apply=(config_map, deployment),
+        delete=delete,
+        service_status=InferenceServiceStatus.model_validate(status),
+        events=events,
+    )
 
 
 def deployment(kube: Kube, namespace: str) -> k8s.V1Deployment:

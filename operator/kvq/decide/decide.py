@@ -92,7 +92,7 @@ def _join(
     routed: Any,
 ) -> Plan:
     isvc = snap.isvc
-    status = InferenceServiceStatus.model_validate(default.status)
+    status = default.service_status
     tiers = [_tier_status(tier, plan) for tier, plan in tiered]
     ready = [_is_ready(status.conditions)] + [_is_ready(t.conditions) for t in tiers]
     updates = _overall(status.conditions, tiers)
@@ -121,7 +121,7 @@ def _join(
             *(ref for _, plan in tiered for ref in plan.delete),
             *_leftovers(snap, wanted=routing),
         ),
-        status=status.to_kube(),
+        service_status=status,
         events=tuple(events),
         fetch_log_tails=tuple(
             dict.fromkeys(
@@ -140,7 +140,7 @@ def _join(
 
 
 def _tier_status(tier: TierSpec, plan: Plan) -> TierStatus:
-    found = InferenceServiceStatus.model_validate(plan.status)
+    found = plan.service_status
     return TierStatus(
         name=tier.name,
         conditions=found.conditions,
@@ -223,11 +223,11 @@ def _applicable(conditions: Sequence[Condition], isvc: InferenceService) -> list
 
 
 def _without_stale(snap: Snapshot, previous: InferenceServiceStatus, plan: Plan) -> Plan:
-    status = InferenceServiceStatus.model_validate(plan.status)
+    status = plan.service_status
     kept = _applicable(status.conditions, snap.isvc)
     if len(kept) == len(status.conditions):
         return plan
-    return replace(plan, status=status.model_copy(update={"conditions": kept}).to_kube())
+    return replace(plan, service_status=status.model_copy(update={"conditions": kept}))
 
 
 def _leftovers(snap: Snapshot, wanted: Sequence[Mapping[str, Any]] = ()) -> list[ObjectRef]:

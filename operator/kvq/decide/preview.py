@@ -136,7 +136,7 @@ def preview(
             inference_pools=apis.inference_pools,
         )
     )
-    status = InferenceServiceStatus.model_validate(plan.status)
+    status = plan.service_status
     refusal = None if plan.apply else _why_nothing(status)
     in_force = status.fallback.active_rung if status.fallback else None
     if refusal is None and rung is not None and in_force != rung.value:

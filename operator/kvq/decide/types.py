@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any, Literal
 
 from kvq.api.resource import InferenceService
+from kvq.api.status import InferenceServiceStatus
 from kvq.catalog.engines import EngineCatalog
 from kvq.catalog.fp8_accuracy import AccuracyFact, load_accuracy_facts
 from kvq.catalog.gpus import GpuCatalog
@@ -130,8 +132,8 @@ class Plan:
     """Desired objects in full (namespace and ownerReference set); server-side applied."""
     delete: tuple[ObjectRef, ...]
     """Objects kvq rendered before and no longer wants (e.g. the PDB at one replica)."""
-    status: Manifest
-    """The desired `status` (wire form); written only when it differs from the stored one."""
+    service_status: InferenceServiceStatus
+    """The desired `status`; written only when it differs from the stored one."""
     events: tuple[EventSpec, ...]
     """Events for decisions that changed in this reconcile (none when nothing changed)."""
     fetch_log_tails: tuple[str, ...] = ()
@@ -150,3 +152,8 @@ class Plan:
     keep_live: bool = False
     """Apply nothing and delete nothing: the decision waits on a pool that is gone for now,
     and what runs stays as it is."""
+
+    @cached_property
+    def status(self) -> Manifest:
+        """`service_status` in wire form: what the executor writes and compares."""
+        return self.service_status.to_kube()

@@ -383,7 +383,7 @@ def _plan(
     return Plan(
         apply=objects,
         delete=delete,
-        status=status.to_kube(),
+        service_status=status,
         events=events,
         next_check=NextCheck(_recheck_after(snap, decision), on_gpus, on_nodes),
         pool=chosen.pool.name if chosen is not None else placed,
