@@ -889,6 +889,9 @@ def test_a_group_waits_for_whole_free_nodes_and_switching_deletes_the_other_kind
     waiting = decide(snapshot(two_nodes, node_list=h100_nodes(1)))
     assert conditions(waiting)["Placed"] == ("False", "WaitingForCapacity")
     assert "2 nodes of 8 per replica" in message(waiting, "Placed")
+    # Nothing is applied until the whole group has room: a pod bound alone would hold a
+    # node's GPUs doing nothing.
+    assert waiting.apply == () and waiting.claims is None
 
     # The service ran on one node before: its Deployment goes once the group is rendered.
     one_node = decide(snapshot(isvc(), node_list=h100_nodes(2)))

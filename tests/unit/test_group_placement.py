@@ -15,6 +15,7 @@ from kvq.catalog.models import load_model_catalog
 from kvq.placement.choice import PoolChoice, PoolRequest, choose_pool
 from kvq.placement.claims import GpuClaim, gpu_claim
 from kvq.placement.discovery import GpuPod, Inventory, discover_pools
+from kvq.placement.fleet import Fleet
 from kvq.placement.pool import nodes_per_replica
 from tests.unit.test_choice import ENGINE, request
 
@@ -157,3 +158,16 @@ def test_a_leader_worker_set_claims_every_pod_of_every_group() -> None:
     deleting["metadata"]["deletionTimestamp"] = "2026-12-04T12:00:00Z"
     assert gpu_claim(deleting) is None
     assert gpu_claim(lws(per_pod="0")) is None
+
+
+def test_a_waiting_group_is_placed_once_the_fleet_frees_the_nodes() -> None:
+    # The operator's Fleet rebuilds a pool as pods and claims come and go: a room counted on
+    # one version of the pool must not answer for the next (it did, through the shared cache
+    # of dataclasses.replace, and a waiting group never saw the nodes freed).
+    fleet = Fleet(load_gpu_catalog())
+    for node in h100_nodes(3):
+        fleet.node(node["metadata"]["name"], node)
+    fleet.deployment(("team-b", "other-group"), GpuClaim(OTHER, "gpu-h100", 1, 16))
+    assert not place(group(), fleet.inventory()).chosen.runnable  # type: ignore[union-attr]
+    fleet.deployment(("team-b", "other-group"), None)  # the other service was deleted
+    assert place(group(), fleet.inventory()).chosen.runnable  # type: ignore[union-attr]

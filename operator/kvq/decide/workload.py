@@ -39,9 +39,11 @@ from kvq.fallback.ladder import (
     cleared_crash,
     climb,
 )
+from kvq.placement.choice import PoolVerdict
 from kvq.placement.discovery import Inventory, discover_pools
 from kvq.planner.architecture import UnknownModelError, resolve_architecture
 from kvq.render import RenderError
+from kvq.render.manifests import replica_nodes
 from kvq.render.settings import engine_image_and_version, host_tier_of
 
 # Why the service waits (Placed=False): the condition's reason the grace period counts from.
@@ -67,8 +69,7 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     same_key = stored is not None and stored.key == key
     current = _current_rung(previous) if same_key else None
     waiting_since = _waiting_since(previous)
-    grace = snap.config.ladder.grace
-    expired = waiting_since is not None and snap.now - waiting_since >= grace
+    expired = waiting_since is not None and snap.now - waiting_since >= snap.config.ladder.grace
     current_pool = previous.placement.pool if previous.placement else None
 
     # Step 1: the pools, for every rung. The current pods' scheduling troubles are part of
@@ -161,7 +162,9 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     chosen = placements[position.rung].choice.chosen
     if chosen is None:
         # The pool is gone for now (scaled to zero?): what runs stays as it is.
-        return _keeping_live(_plan(snap, previous, decision), grace)
+        return _keeping_live(_plan(snap, previous, decision), snap.config.ladder.grace)
+    if _group_waits(isvc, chosen, snap):
+        return _plan(snap, previous, decision)  # nothing applied: the group waits whole
     try:
         rendered = render_rung(
             isvc,
@@ -208,6 +211,15 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     )
     plan = _plan(snap, previous, decision, rendered)
     return replace(plan, fetch_log_tails=findings.need_log_tails)
+
+
+def _group_waits(isvc: InferenceService, chosen: PoolVerdict, snap: Snapshot) -> bool:
+    """A replica over several nodes that has no group running yet, on a pool without room
+    for every group now. A group is applied only once all of its pods have room: pods of
+    it bound alone would hold whole nodes' GPUs doing nothing, and keep other groups off."""
+    live = snap.deployment
+    has_group = live is not None and live.get("kind") == "LeaderWorkerSet"
+    return replica_nodes(isvc, chosen.pool) > 1 and not chosen.runnable and not has_group
 
 
 def _engine_and_model(snap: Snapshot) -> tuple[EngineCapability, ModelArchitecture]:

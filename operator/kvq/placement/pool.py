@@ -67,10 +67,13 @@ class NodePool:
     claimed: Mapping[OwnerKey, int] = field(default_factory=dict)
     """GPUs kvq's Deployments claim of the pool beyond their bound pods, by InferenceService
     (placement.claims): taken once the scheduler binds their replicas, on nodes it chooses."""
-    rooms: dict[Hashable, tuple[int, str]] = field(default_factory=dict, compare=False, repr=False)
-    """Room already counted for a request shape (owner, replica size, replicas,
+    rooms: dict[Hashable, tuple[int, str]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """Room already counted for a request shape (owner, replica size, nodes, replicas,
     tolerations): every rung of a decision asks the same of each pool. The pool and its
-    nodes never change, so neither does the answer."""
+    nodes never change, so neither does the answer. Not an init field, so a pool made from
+    another with other usage (dataclasses.replace) counts afresh instead of sharing it."""
 
     @property
     def node_count(self) -> int:

@@ -1,0 +1,175 @@
+"""`kvq run` with a replica over two nodes (issue 24): real LeaderWorkerSet controller and
+webhooks (the `lws` add-on) on KWOK nodes of a pool of three 8-GPU H200 nodes.
+
+Two services of Llama-3.1-405B at tensor 8 x pipeline 2 are applied at once: one group is
+placed whole on two nodes of the pool and becomes Ready from its LeaderWorkerSet's status;
+the other, whose decision sees the first's GPUs claimed before its pods are bound, waits
+for room instead of sharing the nodes. Deleting the first removes its group and its pods,
+and the second then takes the nodes and becomes Ready.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e.devcluster.clients import Kube
+from e2e.devcluster.profiles import load_profile, node_manifests
+from e2e.devcluster.waits import is_running_and_ready, wait_until
+from kubernetes.client.exceptions import ApiException
+
+from kvq.api import keys
+from kvq.api.keys import GROUP, PLURAL, VERSION
+from tests.cluster.operator_support import (
+    OperatorProcess,
+    apply_object,
+    create_isvc,
+    inference_service,
+    install_kvq_crd,
+    operator_running,
+    read_isvc,
+)
+
+pytestmark = pytest.mark.cluster
+
+POOL = "lws-h200"
+NODES = 3
+TIMEOUT = 120
+LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
+
+
+@pytest.fixture
+def h200_pool(kube: Kube) -> Iterator[list[str]]:
+    """Three KWOK nodes of the hetero profile's p5e.48xlarge (8 H200 each) in a Karpenter
+    node pool of their own, so no other test's pods share them."""
+    [base] = [
+        n
+        for n in node_manifests(load_profile("hetero"))
+        if n["metadata"]["labels"].get("karpenter.sh/nodepool") == "gpu-h200"
+    ]
+    names = [f"{POOL}-{i}" for i in range(NODES)]
+    for name in names:
+        node = copy.deepcopy(base)
+        node["metadata"]["name"] = name
+        node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+        node["metadata"]["labels"]["karpenter.sh/nodepool"] = POOL
+        apply_object(kube, node)
+
+    def ready() -> bool:
+        found = [kube.core.read_node(n) for n in names]
+        return all(
+            any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+            for n in found
+        )
+
+    wait_until(ready, what=f"the {POOL} nodes Ready", timeout=60, retry_on=(ApiException,))
+    try:
+        yield names
+    finally:
+        for name in names:
+            kube.core.delete_node(name)
+
+
+@pytest.fixture
+def operator(
+    kube: Kube, lws: dict[str, str], namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    install_kvq_crd(kube)
+    with operator_running(kube, namespace, tmp_path / "operator.log") as process:
+        yield process
+
+
+def two_node_service(name: str) -> dict[str, Any]:
+    return inference_service(
+        name,
+        model={"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
+        engine={"image": "vllm/vllm-openai:v0.26.0"},
+        placement={"parallelism": {"tensor": 8, "pipeline": 2}, "pools": [POOL]},
+    )
+
+
+def conditions(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    status = read_isvc(kube, namespace, name).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+def is_(kube: Kube, namespace: str, name: str, kind: str, status: str, reason: str = "") -> bool:
+    found = conditions(kube, namespace, name).get(kind)
+    return (
+        found is not None
+        and found["status"] == status
+        and (not reason or found["reason"] == reason)
+    )
+
+
+def engine_pods(kube: Kube, namespace: str, name: str) -> list[Any]:
+    selector = f"{keys.LABEL_INFERENCESERVICE}={name}"
+    return list(kube.core.list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def groups(kube: Kube, namespace: str) -> list[str]:
+    found = kube.custom.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL)
+    return sorted(o["metadata"]["name"] for o in found["items"])
+
+
+def test_a_two_node_group_is_placed_whole_claims_its_nodes_and_is_cleaned_up(
+    kube: Kube, namespace: str, h200_pool: list[str], operator: OperatorProcess
+) -> None:
+    for name in ("alpha", "beta"):
+        create_isvc(kube, namespace, two_node_service(name))
+
+    def one_ready_one_waiting() -> tuple[str, str] | None:
+        ready = [n for n in ("alpha", "beta") if is_(kube, namespace, n, "Ready", "True")]
+        waiting = [
+            n
+            for n in ("alpha", "beta")
+            if is_(kube, namespace, n, "Placed", "False", "WaitingForCapacity")
+        ]
+        return (ready[0], waiting[0]) if len(ready) == 1 and len(waiting) == 1 else None
+
+    first, second = wait_until(
+        one_ready_one_waiting,
+        what="one service Ready on two nodes, the other waiting for room",
+        timeout=TIMEOUT,
+        describe=operator.log_tail,
+    )
+
+    status = read_isvc(kube, namespace, first)["status"]
+    assert status["placement"]["pool"] == POOL
+    assert status["readyReplicas"] == 1
+    assert status["capacity"]["layout"]["nodesPerReplica"] == 2
+    assert kube.apps.list_namespaced_deployment(namespace).items == []
+    assert groups(kube, namespace) == [f"{first}-group"]
+    pods = engine_pods(kube, namespace, first)
+    assert len(pods) == 2 and all(is_running_and_ready(p) for p in pods)
+    nodes = {p.spec.node_name for p in pods}
+    assert len(nodes) == 2 and nodes <= set(h200_pool)
+    assert all(p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8" for p in pods)
+    service = kube.core.read_namespaced_service(first, namespace)
+    assert service.spec.selector["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    # The second service is told why, and holds nothing of the pool.
+    placed = conditions(kube, namespace, second)["Placed"]["message"]
+    assert "2 nodes of 8 per replica" in placed, placed
+    assert engine_pods(kube, namespace, second) == []
+
+    # Deleting the first service deletes its group and every pod of it; the second then
+    # takes the freed nodes and becomes Ready.
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, first)
+    wait_until(
+        lambda: (
+            not engine_pods(kube, namespace, first)
+            and f"{first}-group" not in groups(kube, namespace)
+        ),
+        what=f"{first}'s LeaderWorkerSet and pods gone",
+        timeout=TIMEOUT,
+    )
+    wait_until(
+        lambda: is_(kube, namespace, second, "Ready", "True"),
+        what=f"{second} Ready once the nodes are free",
+        timeout=TIMEOUT,
+        describe=lambda: f"{conditions(kube, namespace, second)}\n{operator.log_tail(200)}",
+    )
+    assert groups(kube, namespace) == [f"{second}-group"]
