@@ -92,9 +92,10 @@ def deployment_of(plan: Plan) -> dict[str, Any]:
 def crashing_pod(
     plan: Plan, message: str, *, name: str = "llama-abc", finished: str = "2026-11-30T12:00:50Z"
 ) -> dict[str, Any]:
-    template = deployment_of(plan)["spec"]["template"]
+    engines = [o for o in plan.apply if o["kind"] == "Deployment"]
+    annotations = engines[0]["spec"]["template"]["metadata"]["annotations"] if engines else {}
     return {
-        "metadata": {"name": name, "annotations": template["metadata"]["annotations"]},
+        "metadata": {"name": name, "annotations": annotations},
         "status": {
             "phase": "Running",
             "containerStatuses": [
@@ -902,3 +903,71 @@ def test_a_group_waits_for_whole_free_nodes_and_switching_deletes_the_other_kind
     group = group_of(plan)
     back = decide(snapshot(isvc(), node_list=h100_nodes(2), owned=[group]))
     assert [(r.kind, r.name) for r in back.delete] == [("LeaderWorkerSet", "llama-group")]
+
+
+def group_pod(
+    plan: Plan,
+    message: str,
+    *,
+    worker: int,
+    finished: str,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    """A pod of the plan's LeaderWorkerSet group 0 whose engine crashed with `message`, as
+    LWS labels it (worker 0 is the leader)."""
+    group = group_of(plan)["spec"]["leaderWorkerTemplate"]
+    template = group["leaderTemplate" if worker == 0 else "workerTemplate"]
+    name = "llama-group-0" if worker == 0 else f"llama-group-0-{worker}"
+    pod = crashing_pod(plan, message, name=name, finished=finished)
+    pod["metadata"]["annotations"] = template["metadata"]["annotations"]
+    pod["metadata"]["labels"] = {
+        "leaderworkerset.sigs.k8s.io/name": "llama-group",
+        "leaderworkerset.sigs.k8s.io/group-index": "0",
+        "leaderworkerset.sigs.k8s.io/worker-index": str(worker),
+    }
+    if deleting:
+        # LWS deletes the group once a container restarted: the engine runs again, and
+        # the deletion stops it.
+        pod["metadata"]["deletionTimestamp"] = finished
+        engine = pod["status"]["containerStatuses"][0]
+        engine["state"] = {
+            "terminated": {"exitCode": 143, "reason": "Error", "finishedAt": finished}
+        }
+    return pod
+
+
+def test_a_groups_ranks_fail_once_and_the_refusal_of_any_rank_moves_the_ladder() -> None:
+    body = isvc(model=LLAMA_405B, placement=TWO_NODES)
+    plan = decide(snapshot(body, node_list=h100_nodes(2)))
+    placed = with_status(body, plan)
+    nccl = (
+        "engine exited with code 1\nerror lines:\ntorch.distributed.DistBackendError: NCCL "
+        "error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, remote process "
+        "exited or there was a network error"
+    )
+    # The worker refused the FP8 cache; the leader lost its peer: the refusal decides.
+    pods = [
+        group_pod(plan, HEAD80_CRASH, worker=1, finished="2026-11-30T12:01:00Z"),
+        group_pod(plan, nccl, worker=0, finished="2026-11-30T12:01:02Z", deleting=True),
+    ]
+    fallen = decide(snapshot(placed, node_list=h100_nodes(2), pods=pods))
+    [move] = attempts(fallen)
+    assert (move["cause"], move["to"]) == ("Refused", "auto")
+    assert fallen.status["effective"]["kvCacheDtype"] == "auto"
+
+    # An unknown crash on both ranks of the group counts once, not once per pod.
+    unknown = "engine exited with code 1\ntorch._dynamo.exc.Unsupported: assertion failed"
+    both = [
+        group_pod(plan, unknown, worker=0, finished="2026-11-30T12:01:02Z"),
+        group_pod(plan, unknown, worker=1, finished="2026-11-30T12:01:00Z", deleting=True),
+    ]
+    once = decide(snapshot(placed, node_list=h100_nodes(2), pods=both))
+    assert attempts(once) == []
+    tally = once.status["fallback"]["tally"]
+    assert tally["count"] == 1
+    assert tally["seen"] == ["llama-group/0@2026-11-30T12:01:00+00:00"]
+    # A pod being deleted without an earlier crashed run (a scale-down) is no evidence.
+    stopped = group_pod(plan, unknown, worker=1, finished="2026-11-30T12:01:00Z", deleting=True)
+    del stopped["status"]["containerStatuses"][0]["lastState"]
+    quiet = decide(snapshot(placed, node_list=h100_nodes(2), pods=[stopped]))
+    assert conditions(quiet)["Degraded"] == ("False", "Healthy")

@@ -17,6 +17,8 @@ from kvq.fallback.classifier import Action, Classification, FailureKind, classif
 from kvq.fallback.evidence import evidence_from_pod
 from kvq.fallback.ladder import Rung
 from kvq.fetch.failures import classify_fetch_failure, fetch_failure, fetch_termination_message
+from kvq.render.leaderworkerset import GROUP_INDEX_LABEL, SET_NAME_LABEL
+from kvq.render.manifests import CONTAINER_NAME as ENGINE_CONTAINER
 
 # Verdicts made without a single word from the engine: worth its log before acting.
 _NEEDS_WORDS = frozenset({FailureKind.DTYPE_SUSPECT, FailureKind.UNKNOWN})
@@ -42,19 +44,50 @@ class EngineFindings:
 def current_pods(
     pods: Sequence[Mapping[str, Any]], key: str, rung: Rung, pool: str | None
 ) -> list[Mapping[str, Any]]:
-    """Pods running this ladder key's `rung` on `pool`, not being deleted."""
+    """Pods running this ladder key's `rung` on `pool`, not being deleted; and a pod of a
+    multi-node group being deleted after its engine restarted, as that crashed run."""
     wanted = {keys.ANNOTATION_LADDER_KEY: key, keys.ANNOTATION_RUNG: rung.value}
     if pool is not None:
         wanted[keys.ANNOTATION_POOL] = pool
     chosen = []
-    for pod in pods:
-        meta = pod.get("metadata") or {}
+    for found in pods:
+        meta = found.get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        if meta.get("deletionTimestamp"):
-            continue
-        if all(annotations.get(k) == v for k, v in wanted.items()):
+        pod = _crashed_run(found) if meta.get("deletionTimestamp") else found
+        if pod is not None and all(annotations.get(k) == v for k, v in wanted.items()):
             chosen.append(pod)
     return chosen
+
+
+def _crashed_run(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A group pod deleted because its engine restarted, seen as the run that crashed.
+
+    LeaderWorkerSet recreates the whole group when any of its pods' containers restarts
+    (RecreateGroupOnPodRestart): it deletes the group's pods at once, so the crash's
+    evidence is on pods being deleted. Only the previous run (lastState) counts: the run
+    the deletion itself stops is no failure. None for any other pod being deleted."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if GROUP_INDEX_LABEL not in labels:
+        return None
+    status = pod.get("status") or {}
+    engines = status.get("containerStatuses") or []
+    engine: Mapping[str, Any] = next((c for c in engines if c.get("name") == ENGINE_CONTAINER), {})
+    crashed = (engine.get("lastState") or {}).get("terminated")
+    if not crashed:
+        return None
+    run = {**engine, "state": {"terminated": crashed}, "lastState": {}, "ready": False}
+    others = [c for c in engines if c.get("name") != ENGINE_CONTAINER]
+    return {**pod, "status": {**status, "containerStatuses": [run, *others]}}
+
+
+def _group_of(pod: Mapping[str, Any]) -> str:
+    """The failure unit a pod belongs to: its multi-node group (every rank of it fails
+    together, and is recreated together), else the pod itself."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if GROUP_INDEX_LABEL in labels:
+        return f"{labels.get(SET_NAME_LABEL, '')}/{labels[GROUP_INDEX_LABEL]}"
+    return str(meta.get("name"))
 
 
 def examine_pods(
@@ -68,7 +101,7 @@ def examine_pods(
     A pod whose termination message is empty (no wrapper output, e.g. the engine was
     OOM-killed mid-line) asks for its previous log's tail before it is judged.
     """
-    found: list[tuple[Classification, str]] = []
+    found: list[tuple[Classification, str, str]] = []
     wanted: list[str] = []
     unschedulable: str | None = None
     healthy = bool(pods)
@@ -79,7 +112,7 @@ def examine_pods(
         download = fetch_termination_message(pod)
         if download is not None:
             healthy = False
-            found.append((_download_failure(download), f"{name}@fetch"))
+            found.append((_download_failure(download), _group_of(pod), "fetch"))
             continue
         evidence = evidence_from_pod(pod, log_tail=log_tails.get(name))
         if evidence is None:
@@ -93,14 +126,33 @@ def examine_pods(
         if verdict.kind is FailureKind.UNSCHEDULABLE:
             unschedulable = evidence.unschedulable_message or "no node fits"
         stamp = evidence.finished_at.isoformat() if evidence.finished_at else "?"
-        found.append((verdict, f"{name}@{stamp}"))
+        found.append((verdict, _group_of(pod), stamp))
     if not found:
         return EngineFindings(
             unschedulable=unschedulable, healthy=healthy, need_log_tails=tuple(wanted)
         )
-    worst = min(found, key=lambda f: _RANK[f[0].action])[0]
-    same = tuple(stamp for verdict, stamp in found if verdict.signature == worst.signature)
+    groups = _per_group(found)
+    worst = min(groups, key=lambda f: _RANK[f[0].action])[0]
+    same = tuple(stamp for verdict, stamp in groups if verdict.signature == worst.signature)
     return EngineFindings(worst, same, unschedulable, False, tuple(wanted))
+
+
+def _per_group(
+    found: Sequence[tuple[Classification, str, str]],
+) -> list[tuple[Classification, str]]:
+    """One verdict and one termination per failure unit: a group's ranks fail together (a
+    worker's refusal takes the leader down with a lost connection), so the group's most
+    actionable verdict speaks for it, and its failure counts once, at its first
+    termination (`group@finishedAt`; a single pod's is `pod@finishedAt`)."""
+    units: dict[str, list[tuple[Classification, str]]] = {}
+    for verdict, unit, stamp in found:
+        units.setdefault(unit, []).append((verdict, stamp))
+    out = []
+    for unit, seen in units.items():
+        verdict = min(seen, key=lambda f: _RANK[f[0].action])[0]
+        first = min(stamp for _, stamp in seen)
+        out.append((verdict, f"{unit}@{first}"))
+    return out
 
 
 def tally_failures(

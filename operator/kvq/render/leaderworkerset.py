@@ -42,6 +42,9 @@ from kvq.render.args import API_SERVER_MODULE, CLI_MODULE
 
 API_VERSION = "leaderworkerset.x-k8s.io/v1"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+# The LeaderWorkerSet and the group a pod belongs to (set by LWS's pod webhook).
+SET_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 # vLLM's first version with --nnodes/--node-rank/--master-addr for its multiprocessing backend.
 MULTINODE_MP_SINCE = (0, 12)
 GPU = "nvidia.com/gpu"
