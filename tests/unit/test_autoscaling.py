@@ -17,8 +17,11 @@ from kvq.render.autoscaling import (
 )
 from tests.unit.render_cases import isvc
 from tests.unit.test_decide import (
+    LLAMA_405B,
+    TWO_NODES,
     conditions,
     deployment_of,
+    h100_nodes,
     message,
     rolled_out,
     snapshot,
@@ -232,3 +235,22 @@ def test_contradictions_are_refused(
         body["spec"]["replicas"] = replicas
     violations = find_violations(body)
     assert any(message_part in v.message for v in violations), violations
+
+
+def test_a_multi_node_tier_is_scaled_through_its_leader_worker_set() -> None:
+    config = OperatorConfig(autoscaling_prometheus=PROMETHEUS)
+    tier = {"name": "bulk", "kvCache": {"dtype": "auto"}, "autoscaling": {"maxReplicas": 2}}
+    body = isvc_body(model=LLAMA_405B, placement=TWO_NODES, tiers=[tier])
+    snap = snapshot(body, node_list=h100_nodes(4))
+    snap = type(snap)(**{**snap.__dict__, "config": config, "keda": True})
+    plan = decide(snap)
+    [scaled_object] = [o for o in plan.apply if o["kind"] == "ScaledObject"]
+    # KEDA's HPA writes LWS's scale subresource: a group of two pods per replica.
+    assert scaled_object["spec"]["scaleTargetRef"] == {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "name": "llama-bulk-group",
+    }
+    groups = {o["metadata"]["name"]: o for o in plan.apply if o["kind"] == "LeaderWorkerSet"}
+    assert set(groups) == {"llama-group", "llama-bulk-group"}
+    assert "replicas" not in groups["llama-bulk-group"]["spec"]  # KEDA's to set

@@ -29,6 +29,7 @@ from kvq.render.autoscaling import (
     replicas_with_auto_cache,
     scaling_targets,
 )
+from kvq.render.manifests import replica_nodes
 from kvq.render.settings import engine_image_and_version, host_tier_of
 
 
@@ -54,7 +55,8 @@ def autoscale(
     snap: Snapshot, verdict: PoolVerdict, tier: TierSpec | None = None
 ) -> Autoscaled | None:
     """The autoscaling outcome, or None when the spec asks for none. An extra tier's
-    ScaledObject scales the tier's Deployment (the scale subresource is the default's)."""
+    ScaledObject scales the tier's Deployment, or its LeaderWorkerSet when a replica spans
+    nodes (the InferenceService's scale subresource is the default tier's)."""
     isvc = snap.isvc
     auto = isvc.spec.autoscaling
     if auto is None:
@@ -112,6 +114,7 @@ def autoscale(
         max_replicas=auto.max_replicas,
         tier=tier,
         offloading=offloading,
+        group=replica_nodes(isvc, verdict.pool) > 1,
     )
     used = scaling_targets(isvc, offloading=offloading, concurrency=concurrency)
     status = status.model_copy(

@@ -28,6 +28,8 @@ from kvq.api.keys import API_VERSION, KIND
 from kvq.api.resource import InferenceService
 from kvq.api.tiers import TierSpec
 from kvq.catalog.engines import EngineMetrics
+from kvq.render.leaderworkerset import API_VERSION as LWS_API_VERSION
+from kvq.render.leaderworkerset import group_name
 from kvq.render.manifests import labels_for, workload_name
 
 SCALED_OBJECT_API = "keda.sh/v1alpha1"
@@ -60,8 +62,11 @@ def render_scaled_object(
     max_replicas: int,
     tier: TierSpec | None = None,
     offloading: bool = False,
+    group: bool = False,
 ) -> dict[str, Any]:
-    """The ScaledObject for `isvc` (which must have spec.autoscaling).
+    """The ScaledObject for `isvc` (which must have spec.autoscaling). `group`: a replica
+    spans several nodes, so an extra tier's engine is its LeaderWorkerSet (scaled through
+    LWS's scale subresource, a group per replica), not a Deployment.
 
     `concurrency`: the sequences one replica holds at maxModelLen (the plan of the rung
     that runs), for the running-fraction target. `max_replicas`: spec's maxReplicas, or
@@ -108,6 +113,12 @@ def render_scaled_object(
         "scaleTargetRef": (
             {"apiVersion": API_VERSION, "kind": KIND, "name": name}
             if tier is None
+            else {
+                "apiVersion": LWS_API_VERSION,
+                "kind": "LeaderWorkerSet",
+                "name": group_name(name),
+            }
+            if group
             else {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
         ),
         "pollingInterval": auto.polling_seconds,
