@@ -76,6 +76,7 @@ def snapshot(
         catalogs=CATALOGS,
         owned=owned or [],
         config=OperatorConfig(ladder=policy or LadderPolicy()),
+        leader_worker_sets=True,
     )
 
 
@@ -971,3 +972,16 @@ def test_a_groups_ranks_fail_once_and_the_refusal_of_any_rank_moves_the_ladder()
     del stopped["status"]["containerStatuses"][0]["lastState"]
     quiet = decide(snapshot(placed, node_list=h100_nodes(2), pods=[stopped]))
     assert conditions(quiet)["Degraded"] == ("False", "Healthy")
+
+
+def test_without_leader_worker_set_a_multi_node_service_says_what_to_install() -> None:
+    two_nodes = isvc(model=LLAMA_405B, placement=TWO_NODES)
+    snap = replace(snapshot(two_nodes, node_list=h100_nodes(2)), leader_worker_sets=False)
+    plan = decide(snap)
+    assert plan.apply == ()
+    assert conditions(plan)["Stalled"] == ("True", "LeaderWorkerSetUnavailable")
+    assert message(plan, "Stalled") == (
+        "a replica spans 2 nodes of pool gpu-h100 and runs as a LeaderWorkerSet, but "
+        "leaderworkerset.x-k8s.io/v1 is not served: install LeaderWorkerSet (its controller "
+        "and CRD) in the cluster"
+    )

@@ -45,6 +45,7 @@ class ServedApis:
     keda: bool = True
     gateway_api: bool = True
     inference_pools: bool = True
+    leader_worker_sets: bool = True
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ def preview(
             keda=apis.keda,
             gateway_api=apis.gateway_api,
             inference_pools=apis.inference_pools,
+            leader_worker_sets=apis.leader_worker_sets,
         )
     )
     status = plan.service_status

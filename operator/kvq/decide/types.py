@@ -82,6 +82,8 @@ class Snapshot:
     """The engines' latest metrics from Prometheus, when the operator has a Prometheus."""
     keda: bool = False
     """KEDA's ScaledObject API is served (autoscaling can be rendered)."""
+    leader_worker_sets: bool = False
+    """LeaderWorkerSet's API is served (a replica over several nodes can be rendered)."""
     gateway_api: bool = False
     """The Gateway API's HTTPRoute is served (routing can be rendered)."""
     inference_pools: bool = False

@@ -43,6 +43,7 @@ from kvq.placement.choice import PoolVerdict
 from kvq.placement.discovery import Inventory, discover_pools
 from kvq.planner.architecture import UnknownModelError, resolve_architecture
 from kvq.render import RenderError
+from kvq.render.leaderworkerset import API_VERSION as LWS_API_VERSION
 from kvq.render.manifests import replica_nodes
 from kvq.render.settings import engine_image_and_version, host_tier_of
 
@@ -163,8 +164,8 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     if chosen is None:
         # The pool is gone for now (scaled to zero?): what runs stays as it is.
         return _keeping_live(_plan(snap, previous, decision), snap.config.ladder.grace)
-    if _group_waits(isvc, chosen, snap):
-        return _plan(snap, previous, decision)  # nothing applied: the group waits whole
+    if (held := _group_held(snap, previous, decision, chosen)) is not None:
+        return held
     try:
         rendered = render_rung(
             isvc,
@@ -213,13 +214,29 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     return replace(plan, fetch_log_tails=findings.need_log_tails)
 
 
-def _group_waits(isvc: InferenceService, chosen: PoolVerdict, snap: Snapshot) -> bool:
-    """A replica over several nodes that has no group running yet, on a pool without room
-    for every group now. A group is applied only once all of its pods have room: pods of
-    it bound alone would hold whole nodes' GPUs doing nothing, and keep other groups off."""
+def _group_held(
+    snap: Snapshot, previous: InferenceServiceStatus, decision: Decision, chosen: PoolVerdict
+) -> Plan | None:
+    """The plan of a replica over several nodes that cannot be applied now (None: it can).
+
+    Without LeaderWorkerSet's API nothing can run it: a person installs LWS (what runs
+    stays). A group is applied only once all of its pods have room: pods of it bound alone
+    would hold whole nodes' GPUs doing nothing, and keep other groups off; so a service
+    with no group running yet, on a pool without room for every group now, waits whole."""
+    if replica_nodes(snap.isvc, chosen.pool) == 1:
+        return None
+    if not snap.leader_worker_sets:
+        nodes = replica_nodes(snap.isvc, chosen.pool)
+        why = (
+            f"a replica spans {nodes} nodes of pool {chosen.pool.name} and runs as a "
+            f"LeaderWorkerSet, but {LWS_API_VERSION} is not served: install LeaderWorkerSet "
+            "(its controller and CRD) in the cluster"
+        )
+        return _plan(snap, previous, replace(decision, blocked=("LeaderWorkerSetUnavailable", why)))
     live = snap.deployment
-    has_group = live is not None and live.get("kind") == "LeaderWorkerSet"
-    return replica_nodes(isvc, chosen.pool) > 1 and not chosen.runnable and not has_group
+    if chosen.runnable or (live is not None and live.get("kind") == "LeaderWorkerSet"):
+        return None
+    return _plan(snap, previous, decision)  # nothing applied: the group waits whole
 
 
 def _engine_and_model(snap: Snapshot) -> tuple[EngineCapability, ModelArchitecture]:

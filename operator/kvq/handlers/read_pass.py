@@ -24,6 +24,7 @@ from kvq.decide.types import Snapshot
 from kvq.k8s.logs import read_log_tails
 from kvq.placement.pool import OwnerKey
 from kvq.render.autoscaling import SCALED_OBJECT_API, SCALED_OBJECT_KIND
+from kvq.render.leaderworkerset import API_VERSION as LWS_API_VERSION
 from kvq.render.routing import HTTP_ROUTE_API, INFERENCE_POOL_API
 from kvq.render.settings import RenderError, engine_image_and_version
 
@@ -71,6 +72,9 @@ def read_pass(runtime: Runtime, raw: dict[str, Any], observed: Observed, now: da
         owned=owned,
         engine_metrics=_engine_metrics(runtime, isvc, deployment),
         keda=_needs_keda(isvc) and runtime.serves(SCALED_OBJECT_API, SCALED_OBJECT_KIND),
+        # Only a pipeline over several stages can span nodes: others never ask.
+        leader_worker_sets=isvc.spec.placement.pipeline_parallel > 1
+        and runtime.serves(LWS_API_VERSION, "LeaderWorkerSet"),
         gateway_api=routing is not None and runtime.serves(HTTP_ROUTE_API, "HTTPRoute"),
         inference_pools=routing is not None
         and routing.inference_pool
