@@ -416,3 +416,35 @@ def test_a_published_multimodal_gemma3_config_plans_like_its_catalog_row() -> No
     )
     assert arch.layer_kinds == row.layer_kinds
     assert kv_layout(arch, "auto") == kv_layout(row, "auto")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kv_per_token_layer"), [("auto", 2 * 8 * 128 * 2), ("fp8", 2 * 8 * 128)]
+)
+def test_nemotron_h_8b_catalog_row_worked_by_hand(dtype: str, kv_per_token_layer: int) -> None:
+    """The catalog's Nemotron-H-8B: 24 Mamba2 layers keep a fixed state per sequence, 4
+    attention layers the only KV, 24 MLPs nothing (vLLM 0.26 nemotron_h.py
+    get_mamba_state_shape_from_config, kv_cache_utils.py)."""
+    arch = _arch("nemotron-h-8b")
+    assert arch.layer_kinds.count("mamba") == 24
+    assert arch.layer_kinds.count("full_attention") == 4
+    assert arch.state is not None
+    # conv (d_inner + 2 n_groups d_state, kernel - 1) in bf16 + ssm (heads, head_dim,
+    # d_state) in float32: 61,440 + 4,194,304 bytes per layer and sequence
+    conv = (128 * 64 + 2 * 8 * 128) * (4 - 1) * 2
+    ssm = 128 * 64 * 128 * 4
+    assert state_bytes(arch.state, 1) == conv + ssm == 4_255_744
+    layout = kv_layout(arch, dtype)
+    # attention pages grow in 16-token steps until one holds a state: 1,040 tokens (auto),
+    # 2,080 (fp8), both 4,259,840 bytes; 7 groups of 4 layers (6 state, 1 full)
+    block = 16 * -(-(conv + ssm) // (16 * kv_per_token_layer))
+    assert layout.attention_block_size == block
+    assert layout.page_bytes == block * kv_per_token_layer == 4_259_840
+    assert layout.group_size == 4 and len(layout.groups) == 7
+    # a 32k request: its attention pages plus one state page in each of 6 state groups
+    assert layout.pages_per_request(32768, IN_FLIGHT) == -(-32768 // block) + 6
+    plan = plan_capacity(arch, _h200(), dtype, max_model_len=32768)
+    blocks = plan.available_kv_bytes // (4 * 4_259_840)
+    per_request = -(-32768 // block) + 6
+    assert plan.max_concurrency == pytest.approx(blocks / per_request)
+    assert plan.kv_tokens == int(blocks / per_request * 32768)

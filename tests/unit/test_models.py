@@ -67,6 +67,8 @@ def test_unknown_model_is_none(catalog: ModelCatalog) -> None:
         ("gemma-2-9b", 9.24),
         ("phi-3-mini-4k", 3.82),
         ("deepseek-v2-lite", 15.7),
+        # 8,100,852,736 counted off the checkpoint: 24 Mamba2 mixers, 24 ungated relu2 MLPs
+        ("nemotron-h-8b", 8.10),
     ],
 )
 def test_parameter_count_matches_the_model_card(

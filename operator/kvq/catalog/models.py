@@ -106,6 +106,9 @@ class ModelArchitecture(BaseModel):
     layer_windows: tuple[int, ...] = ()
     attention_chunk_size: int | None = Field(default=None, gt=0)
     layer_mlp: tuple[MlpKind, ...] = ()
+    # Weight matrices of a dense MLP: gate, up, down; Nemotron-H's relu2 MLP has no gate
+    # (up, down: vLLM's NemotronHMLP).
+    mlp_projections: int = Field(default=3, ge=2, le=3)
     state: RecurrentState | None = None
     # Hugging Face class (config.json "architectures"): decides vLLM's model runner.
     hf_architecture: str | None = None
@@ -506,6 +509,7 @@ def architecture_from_hf_config(config: Mapping[str, Any]) -> ModelArchitecture:
         layer_types=layer_types,
         attention_chunk_size=None if chunk is None else int(chunk),
         layer_mlp=layer_mlp,
+        mlp_projections=2 if cfg.get("mlp_hidden_act") == "relu2" else 3,
         state=_recurrent_state(cfg, model_type, int(hidden)),
         hf_architecture=str(archs[0]) if isinstance(archs, list) and archs else None,
         weight_quantization=quant_method if quant_method in ("fp8", "mxfp4") else None,

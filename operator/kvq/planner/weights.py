@@ -69,7 +69,7 @@ def _attention_counts(arch: ModelArchitecture, tp: int) -> ParameterCounts:
 def _mlp_counts(arch: ModelArchitecture, tp: int, moe_layer: bool) -> ParameterCounts:
     h = arch.hidden_size
     if not moe_layer:
-        return ParameterCounts(3 * h * arch.intermediate_size // tp, 0)
+        return ParameterCounts(arch.mlp_projections * h * arch.intermediate_size // tp, 0)
     expert = arch.moe_intermediate_size or arch.intermediate_size
     shared = arch.shared_expert_intermediate_size or expert
     routed = arch.num_experts * 3 * h * expert // tp
