@@ -9,6 +9,8 @@ from typing import Literal
 
 from kvq.api import keys
 from kvq.catalog.gpus import GpuModel
+from kvq.planner.layout import Layout, LayoutError
+from kvq.planner.layout import nodes_per_replica as layout_nodes
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 OwnerKey = tuple[str, str]
@@ -99,18 +101,12 @@ class NodePool:
 
 def nodes_per_replica(tensor: int, pipeline: int, gpus_per_node: int) -> int | None:
     """Nodes one replica of tensor x pipeline GPUs spans on nodes of `gpus_per_node` GPUs:
-    1 when it fits on one node; None when kvq does not split it over nodes.
-
-    A replica spans nodes by whole pipeline stages on whole nodes (vLLM's ranks go node by
-    node, so each tensor-parallel group stays on one node's NVLink): pipeline above 1, a
-    tensor size that divides the node's GPUs, and GPUs that fill whole nodes.
-    """
-    gpus = tensor * pipeline
-    if gpus <= gpus_per_node:
-        return 1
-    if pipeline == 1 or tensor > gpus_per_node or gpus_per_node % tensor or gpus % gpus_per_node:
+    1 when it fits on one node; None when kvq does not split it over nodes (the planner's
+    rule, planner.layout.nodes_per_replica, whose error says why)."""
+    try:
+        return layout_nodes(Layout(tensor=tensor, pipeline=pipeline), gpus_per_node)
+    except LayoutError:
         return None
-    return gpus // gpus_per_node
 
 
 def pool_for_gpu(gpu: GpuModel, gpus_per_node: int = 8) -> NodePool:
