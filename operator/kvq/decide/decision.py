@@ -42,6 +42,7 @@ from kvq.decide.quality import QualityGate
 from kvq.decide.types import Snapshot
 from kvq.fallback.classifier import Action, Classification
 from kvq.fallback.ladder import NONE, Rung, rfc3339
+from kvq.placement.pool import nodes_per_replica
 from kvq.planner.capacity import CapacityPlan
 from kvq.planner.host_tier import HostTierPlan
 from kvq.render.manifests import selector_for
@@ -421,12 +422,13 @@ def _capacity(decision: Decision) -> CapacityStatus:
 
 
 def _layout(plan: CapacityPlan, gpus_per_node: int) -> LayoutStatus:
-    gpus = plan.tensor_parallel * plan.pipeline_parallel
     stages = plan.stages
+    # The planner's rule (placement asks the same); a plan placed here always splits.
+    nodes = nodes_per_replica(plan.tensor_parallel, plan.pipeline_parallel, gpus_per_node)
     return LayoutStatus(
         tensor=plan.tensor_parallel,
         pipeline=plan.pipeline_parallel,
-        nodes_per_replica=max(1, -(-gpus // max(gpus_per_node, 1))),
+        nodes_per_replica=nodes or 1,
         layers_per_stage=[s.layers for s in stages] if stages else [plan.num_layers],
         bounding_stage=plan.bounding_stage + 1 if stages else None,
     )
