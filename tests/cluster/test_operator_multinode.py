@@ -6,6 +6,9 @@ placed whole on two nodes of the pool and becomes Ready from its LeaderWorkerSet
 the other, whose decision sees the first's GPUs claimed before its pods are bound, waits
 for room instead of sharing the nodes. Deleting the first removes its group and its pods,
 and the second then takes the nodes and becomes Ready.
+
+A group's fp8 refusal, from both ranks or from one (the worker alone, or the leader alone:
+KVQ_SIM_WORKER_INDEX in e2e/kwok/stages.yaml), is one fallback for the group.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kvq.api import keys
 from kvq.api.keys import GROUP, PLURAL, VERSION
+from kvq.render.leaderworkerset import WORKER_INDEX_LABEL
 from tests.cluster.operator_support import (
     OperatorProcess,
     apply_object,
@@ -209,5 +213,63 @@ def test_a_groups_fp8_refusal_falls_back_once_for_the_group(
     assert (attempt["cause"], attempt["from"], attempt["to"]) == ("Refused", "requested", "auto")
     assert ROOT_CAUSE in attempt["evidence"]
     assert operator.sample("kvq_fallbacks_total") == 1
+    pods = engine_pods(kube, namespace, "alpha")
+    assert len(pods) == 2 and all(is_running_and_ready(p) for p in pods)
+
+
+def has_crashed(container: Any) -> bool:
+    return bool(
+        container.restart_count
+        or container.state.terminated
+        or (container.last_state and container.last_state.terminated)
+    )
+
+
+@pytest.mark.parametrize(("rank", "index"), [("worker", "1"), ("leader", "0")])
+def test_one_ranks_fp8_refusal_falls_back_once_for_the_group(
+    kube: Kube,
+    namespace: str,
+    h200_pool: list[str],
+    operator: OperatorProcess,
+    rank: str,
+    index: str,
+) -> None:
+    # Only the pod of this worker index refuses fp8 (the KWOK stages read the LWS label);
+    # the other rank runs Ready until LWS recreates the group on the crash.
+    body = two_node_service("alpha")
+    body["spec"]["engine"]["env"] = [
+        {"name": "KVQ_SIM_REJECT_KV_CACHE_DTYPE", "value": "fp8"},
+        {"name": "KVQ_SIM_TERMINATION_MESSAGE", "value": REFUSAL},
+        {"name": "KVQ_SIM_WORKER_INDEX", "value": index},
+    ]
+    body["spec"]["fallback"] = {"rungs": ["auto"]}
+    create_isvc(kube, namespace, body)
+
+    crashed: set[str] = set()
+
+    def fell_back() -> bool:
+        crashed.update(
+            pod.metadata.labels[WORKER_INDEX_LABEL]
+            for pod in engine_pods(kube, namespace, "alpha")
+            if any(has_crashed(s) for s in pod.status.container_statuses or [])
+        )
+        return is_(kube, namespace, "alpha", "FallbackActive", "True") and is_(
+            kube, namespace, "alpha", "Ready", "True"
+        )
+
+    wait_until(
+        fell_back,
+        what=f"FallbackActive and Ready on the auto rung after the {rank}'s refusal",
+        timeout=180,
+        describe=lambda: f"{conditions(kube, namespace, 'alpha')}\n{operator.log_tail(60)}",
+    )
+    status = read_isvc(kube, namespace, "alpha")["status"]
+    assert status["effective"]["kvCacheDtype"] == "auto"
+    (attempt,) = status["fallback"]["attempts"]
+    assert (attempt["cause"], attempt["from"], attempt["to"]) == ("Refused", "requested", "auto")
+    assert ROOT_CAUSE in attempt["evidence"], attempt
+    assert operator.sample("kvq_fallbacks_total") == 1
+    # The other rank never crashed: its pods ran Ready until LWS recreated the group.
+    assert crashed <= {index}, crashed
     pods = engine_pods(kube, namespace, "alpha")
     assert len(pods) == 2 and all(is_running_and_ready(p) for p in pods)
