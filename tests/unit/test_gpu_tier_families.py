@@ -44,6 +44,13 @@ def test_fewer_layers_keep_the_hybrid_pattern_and_every_expert() -> None:
     assert scout["moe_layers"] == list(range(16))
     assert scout["num_local_experts"] == 16
 
+    jamba = config_json("jamba-1.5-mini", 16)  # attention at 4 and 12, experts every 2nd
+    assert (jamba["num_hidden_layers"], jamba["attn_layer_period"], jamba["num_experts"]) == (
+        16,
+        8,
+        16,
+    )
+
     gpt_oss = config_json("gpt-oss-20b", 12)
     assert gpt_oss["layer_types"] == ["sliding_attention", "full_attention"] * 6
 
@@ -55,6 +62,7 @@ def test_fewer_layers_keep_the_hybrid_pattern_and_every_expert() -> None:
         ("qwen3-next-80b-a3b", 10, "multiple of 4"),
         ("deepseek-v3", 3, "first 3 layers are dense"),
         ("qwen3-30b-a3b", 48, "give 1..47"),
+        ("jamba-1.5-mini", 12, "repeats every 8 layers"),
     ],
 )
 def test_a_cut_that_would_change_the_layer_pattern_is_refused(

@@ -448,3 +448,35 @@ def test_nemotron_h_8b_catalog_row_worked_by_hand(dtype: str, kv_per_token_layer
     per_request = -(-32768 // block) + 6
     assert plan.max_concurrency == pytest.approx(blocks / per_request)
     assert plan.kv_tokens == int(blocks / per_request * 32768)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kv_per_token_layer"), [("auto", 2 * 8 * 128 * 2), ("fp8", 2 * 8 * 128)]
+)
+def test_jamba_1_5_mini_catalog_row_worked_by_hand(dtype: str, kv_per_token_layer: int) -> None:
+    """The catalog's Jamba-1.5-Mini: 28 Mamba1 layers keep a fixed state per sequence, the 4
+    attention layers (every 8th from layer 4) the only KV (vLLM 0.26 jamba.py
+    get_mamba_state_shape_from_config, mamba_utils.py mamba1_state_shape)."""
+    arch = _arch("jamba-1.5-mini")
+    assert [i for i, k in enumerate(arch.layer_kinds) if k == "full_attention"] == [4, 12, 20, 28]
+    assert arch.mlp_kinds == ("dense", "moe") * 16
+    assert arch.state is not None and arch.rope_tables == ()
+    # conv (d_inner = 2 x 4,096, kernel - 1) + ssm (d_inner, d_state 16), both in the model's
+    # bf16 (mamba_ssm_cache_dtype auto follows the conv dtype for Jamba)
+    conv = 8192 * (4 - 1) * 2
+    ssm = 8192 * 16 * 2
+    assert state_bytes(arch.state, 1) == conv + ssm == 311_296
+    assert state_bytes(arch.state, 2) == 311_296 // 2  # d_inner splits across TP ranks
+    layout = kv_layout(arch, dtype)
+    # the attention block grows to 80 tokens (auto) or 160 (fp8): 327,680-byte pages, the
+    # state padded by 5.3 % to one page; 7 state groups + 1 full group of 4 layers
+    block = 16 * -(-(conv + ssm) // (16 * kv_per_token_layer))
+    assert block == {"auto": 80, "fp8": 160}[dtype]
+    assert layout.attention_block_size == block
+    assert layout.page_bytes == block * kv_per_token_layer == 327_680
+    assert layout.group_size == 4 and len(layout.groups) == 8 and layout.padding_layers == 0
+    plan = plan_capacity(arch, _h200(), dtype, max_model_len=32768)
+    blocks = plan.available_kv_bytes // (4 * 327_680)
+    per_request = -(-32768 // block) + 7  # its attention pages + one state page per group
+    assert plan.max_concurrency == pytest.approx(blocks / per_request)
+    assert plan.kv_tokens == int(blocks / per_request * 32768)

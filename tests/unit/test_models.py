@@ -69,6 +69,8 @@ def test_unknown_model_is_none(catalog: ModelCatalog) -> None:
         ("deepseek-v2-lite", 15.7),
         # 8,100,852,736 counted off the checkpoint: 24 Mamba2 mixers, 24 ungated relu2 MLPs
         ("nemotron-h-8b", 8.10),
+        # "52B total parameters" (the model card): 28 Mamba1 mixers, 16 MoE layers of 16
+        ("jamba-1.5-mini", 52.0),
     ],
 )
 def test_parameter_count_matches_the_model_card(

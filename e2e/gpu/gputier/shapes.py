@@ -83,6 +83,8 @@ def layer_period(config: dict[str, Any]) -> int:
         "full_attention_interval",
         "interleave_moe_layer_step",
         "decoder_sparse_step",
+        "attn_layer_period",  # Jamba: attention, and experts, once every N layers
+        "expert_layer_period",
     ):
         if isinstance(config.get(key), int) and config[key] > 0:
             periods.append(config[key])

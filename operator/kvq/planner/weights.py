@@ -98,11 +98,13 @@ def _state_mixer_counts(arch: ModelArchitecture, tp: int) -> ParameterCounts:
         linear = (h * (inner + conv + state.num_heads) + inner * h) // tp
         other = (conv * state.conv_kernel + 3 * state.num_heads + inner) // tp
         return ParameterCounts(linear, other)
+    # Mamba1 (vLLM mamba_mixer.py as Jamba builds it): in_proj, x_proj, dt_proj, out_proj;
+    # conv weight + bias, A, D, dt bias split by TP; dt/B/C RMSNorms replicated.
     dt_rank = -(-h // 16)
     linear = (h * 2 * inner + inner * (dt_rank + 2 * state.state_size) + dt_rank * inner) // tp
     linear += inner * h // tp
-    other = (inner * state.conv_kernel + inner * state.state_size + 2 * inner) // tp
-    return ParameterCounts(linear, other)
+    other = (inner * state.conv_kernel + inner * state.state_size + 3 * inner) // tp
+    return ParameterCounts(linear, other + dt_rank + 2 * state.state_size)
 
 
 @dataclass(frozen=True)
