@@ -32,6 +32,10 @@ def with_routing(snap: Any, **flags: bool) -> Any:
     return type(snap)(**{**snap.__dict__, "gateway_api": True, **flags})
 
 
+def with_keda(snap: Any) -> Any:
+    return type(snap)(**{**snap.__dict__, "keda": True})
+
+
 def test_each_tier_gets_its_own_engine_objects_and_status() -> None:
     plan = decide(snapshot(two_tiers()))
     deployments = objects(plan, "Deployment")
@@ -89,6 +93,33 @@ def test_a_tier_has_its_own_ladder() -> None:
     assert second.status["fallback"]["attempts"] == []
     assert second.status["effective"]["kvCacheDtype"] == "fp8"
     assert any(e.message.startswith("Tier bulk:") for e in second.events)
+
+
+def test_an_autoscaled_tier_wants_the_replicas_keda_set() -> None:
+    # KEDA scaled the tier's Deployment to 3 (its HPA writes the scale subresource): the
+    # tier is Ready with 3 of 3, not Progressing toward spec's 1, and kvq applies no replicas.
+    auto = {"minReplicas": 1, "maxReplicas": 4, "targets": {"runningFraction": 0.8}}
+    body = isvc_body(
+        tiers=[{"name": "critical", "kvCache": {"dtype": "auto"}, "autoscaling": auto}]
+    )
+    first = decide(with_keda(snapshot(body)))
+    tier = objects(first, "Deployment")["llama-critical"]
+    assert "replicas" not in tier["spec"]
+    live = rolled_out(first, replicas=3)
+    live["metadata"] = tier["metadata"]
+    live["spec"] = {**tier["spec"], "replicas": 3}
+    default_live = rolled_out(first)
+    second = decide(
+        with_keda(
+            snapshot(with_status(body, first), deployment=default_live, owned=[default_live, live])
+        )
+    )
+    [status] = second.status["tiers"]
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "Available")
+    assert ready["message"].startswith("3/3 replicas ready")
+    assert status["autoscaling"]["desiredReplicas"] == 3
+    assert "replicas" not in objects(second, "Deployment")["llama-critical"]["spec"]
 
 
 def test_the_route_sends_each_match_to_its_tier_and_the_rest_to_the_default() -> None:

@@ -55,17 +55,22 @@ def _view(snap: Snapshot, tier: TierSpec | None, stored: InferenceServiceStatus)
     view = replace(snap, pods=[p for p in snap.pods if _tier_of(p) == mine], owned=owned)
     if tier is None:
         return view  # the reconcile found the default tier's Deployment already
+    deployment = live_engine(owned, name)
+    replicas = tier.replicas
+    if tier.autoscaling is not None and snap.keda and deployment is not None:
+        # KEDA scales an autoscaled tier's Deployment or LeaderWorkerSet itself (kvq applies
+        # no replicas): the tier wants what KEDA set (spec.replicas is the default tier's).
+        replicas = int((deployment.get("spec") or {}).get("replicas", tier.replicas))
     spec = isvc.spec.model_copy(
         update={
             "kv_cache": tier.kv_cache,
-            "replicas": tier.replicas,
+            "replicas": replicas,
             "autoscaling": tier.autoscaling,
             "tiers": [],
             "routing": None,
         }
     )
     derived = isvc.model_copy(update={"spec": spec, "status": stored})
-    deployment = live_engine(owned, name)
     # Engine metrics are read per service; an extra tier's are not in status.metrics.
     return replace(view, isvc=derived, deployment=deployment, engine_metrics=None)
 
