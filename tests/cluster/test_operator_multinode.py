@@ -9,12 +9,19 @@ and the second then takes the nodes and becomes Ready.
 
 A group's fp8 refusal, from both ranks or from one (the worker alone, or the leader alone:
 KVQ_SIM_WORKER_INDEX in e2e/kwok/stages.yaml), is one fallback for the group.
+
+With real KEDA and Prometheus too, an autoscaled extra tier of the same model scales by
+groups: KEDA's HPA writes its LeaderWorkerSet's scale subresource, kvq places nothing else
+on the second group's nodes and leaves the replicas to KEDA.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +29,12 @@ import pytest
 from e2e.devcluster.clients import Kube
 from e2e.devcluster.profiles import load_profile, node_manifests
 from e2e.devcluster.waits import is_running_and_ready, wait_until
+from e2e.prometheus.server import ScrapeTarget, prometheus_running
 from kubernetes.client.exceptions import ApiException
 
 from kvq.api import keys
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.render.leaderworkerset import WORKER_INDEX_LABEL
+from kvq.render.leaderworkerset import GROUP_INDEX_LABEL, SET_NAME_LABEL, WORKER_INDEX_LABEL
 from tests.cluster.operator_support import (
     OperatorProcess,
     apply_object,
@@ -36,6 +44,8 @@ from tests.cluster.operator_support import (
     operator_running,
     read_isvc,
 )
+from tests.infra.servers import MetricsServer, metrics_server, vllm_exposition
+from tests.prometheus_support import require_prometheus
 
 pytestmark = pytest.mark.cluster
 
@@ -45,16 +55,16 @@ TIMEOUT = 120
 LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 
 
-@pytest.fixture
-def h200_pool(kube: Kube) -> Iterator[list[str]]:
-    """Three KWOK nodes of the hetero profile's p5e.48xlarge (8 H200 each) in a Karpenter
+@contextmanager
+def h200_nodes(kube: Kube, count: int) -> Iterator[list[str]]:
+    """`count` KWOK nodes of the hetero profile's p5e.48xlarge (8 H200 each) in a Karpenter
     node pool of their own, so no other test's pods share them."""
     [base] = [
         n
         for n in node_manifests(load_profile("hetero"))
         if n["metadata"]["labels"].get("karpenter.sh/nodepool") == "gpu-h200"
     ]
-    names = [f"{POOL}-{i}" for i in range(NODES)]
+    names = [f"{POOL}-{i}" for i in range(count)]
     for name in names:
         node = copy.deepcopy(base)
         node["metadata"]["name"] = name
@@ -75,6 +85,12 @@ def h200_pool(kube: Kube) -> Iterator[list[str]]:
     finally:
         for name in names:
             kube.core.delete_node(name)
+
+
+@pytest.fixture
+def h200_pool(kube: Kube) -> Iterator[list[str]]:
+    with h200_nodes(kube, NODES) as names:
+        yield names
 
 
 @pytest.fixture
@@ -273,3 +289,171 @@ def test_one_ranks_fp8_refusal_falls_back_once_for_the_group(
     assert crashed <= {index}, crashed
     pods = engine_pods(kube, namespace, "alpha")
     assert len(pods) == 2 and all(is_running_and_ready(p) for p in pods)
+
+
+# KEDA scales an extra tier whose replica spans two nodes through its LeaderWorkerSet's
+# scale subresource (a group per replica). Six nodes: the default tier's group and two of
+# the tier's.
+TIER = "exact"
+FRACTION = 0.8
+
+
+@dataclass
+class Scaling:
+    engine: MetricsServer
+    operator: OperatorProcess
+    nodes: list[str]
+
+
+@pytest.fixture
+def scaling(
+    kube: Kube, lws: dict[str, str], keda: dict[str, str], namespace: str, tmp_path: Path
+) -> Iterator[Scaling]:
+    """The tier's /metrics (a real vLLM exposition the test sets), scraped by a real
+    Prometheus with the labels kvq's queries select, and the operator reading it."""
+    require_prometheus()
+    install_kvq_crd(kube)
+    with ExitStack() as stack:
+        nodes = stack.enter_context(h200_nodes(kube, 6))
+        engine = stack.enter_context(metrics_server("127.0.0.1"))
+        engine.serve(vllm_exposition(waiting=0, running=0))
+        target = ScrapeTarget(engine.address, {"namespace": namespace, "service": f"big-{TIER}"})
+        prometheus = stack.enter_context(
+            prometheus_running(tmp_path / "prometheus", [target], scrape_interval_s=1)
+        )
+        operator = stack.enter_context(
+            operator_running(
+                kube,
+                namespace,
+                tmp_path / "operator.log",
+                extra_args=[f"--prometheus-url={prometheus.url}"],
+            )
+        )
+        yield Scaling(engine, operator, nodes)
+
+
+def tier_status(kube: Kube, namespace: str) -> dict[str, Any]:
+    tiers = (read_isvc(kube, namespace, "big").get("status") or {}).get("tiers") or []
+    return next((t for t in tiers if t["name"] == TIER), {})
+
+
+def group_set(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = kube.custom.get_namespaced_custom_object(
+        LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, name
+    )
+    return found
+
+
+def pods_of(kube: Kube, namespace: str, group: str) -> list[Any]:
+    selector = f"{SET_NAME_LABEL}={group}"
+    return list(kube.core.list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def test_keda_scales_a_multi_node_tier_by_groups_through_its_leader_worker_set(
+    kube: Kube, namespace: str, scaling: Scaling
+) -> None:
+    body = two_node_service("big")
+    body["spec"]["tiers"] = [
+        {
+            "name": TIER,
+            "kvCache": {"dtype": "auto"},
+            "autoscaling": {
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "targets": {"runningFraction": FRACTION},
+                "pollingSeconds": 5,
+                "scaleDownStabilizationSeconds": 0,
+            },
+        }
+    ]
+    create_isvc(kube, namespace, body)
+    tier_group = f"big-{TIER}-group"
+
+    def serving(groups: int) -> bool:
+        found = group_set(kube, namespace, tier_group)
+        pods = pods_of(kube, namespace, tier_group)
+        return (
+            found["spec"]["replicas"] == groups
+            and (found.get("status") or {}).get("readyReplicas") == groups
+            and tier_status(kube, namespace).get("readyReplicas") == groups
+            and len(pods) == 2 * groups
+            and all(is_running_and_ready(p) for p in pods)
+        )
+
+    def describe() -> str:
+        return (
+            f"tier: {tier_status(kube, namespace)}\n"
+            f"{group_set(kube, namespace, tier_group).get('status')}\n"
+            f"{scaling.operator.log_tail(30)}"
+        )
+
+    wait_until(
+        lambda: is_(kube, namespace, "big", "Ready", "True") and serving(1),
+        what="the default tier's group and one group of the tier Ready",
+        timeout=TIMEOUT,
+        describe=describe,
+        retry_on=(ApiException,),
+    )
+    scaled_object = kube.custom.get_namespaced_custom_object(
+        "keda.sh", "v1alpha1", namespace, "scaledobjects", f"big-{TIER}"
+    )
+    assert scaled_object["spec"]["scaleTargetRef"] == {
+        "apiVersion": f"{LWS_GROUP}/{LWS_VERSION}",
+        "kind": "LeaderWorkerSet",
+        "name": tier_group,
+    }
+    concurrency = float(tier_status(kube, namespace)["capacity"]["maxConcurrentSequences"])
+    running = round(FRACTION * concurrency * 1.5)
+    assert math.ceil(running / (FRACTION * concurrency)) == 2
+
+    # The load of one and a half groups: KEDA's HPA writes the LWS's scale subresource, LWS
+    # makes the second group, and it is placed whole on two nodes no other group holds.
+    scaling.engine.serve(vllm_exposition(waiting=0, running=running))
+    wait_until(
+        lambda: serving(2),
+        what=f"two groups of the tier Ready for {running} running requests",
+        timeout=TIMEOUT,
+        describe=describe,
+    )
+    by_group: dict[str, set[str]] = {}
+    for pod in pods_of(kube, namespace, tier_group) + pods_of(kube, namespace, "big-group"):
+        key = f"{pod.metadata.labels[SET_NAME_LABEL]}/{pod.metadata.labels[GROUP_INDEX_LABEL]}"
+        by_group.setdefault(key, set()).add(pod.spec.node_name)
+    assert sorted(by_group) == [f"{tier_group}/0", f"{tier_group}/1", "big-group/0"]
+    assert all(len(n) == 2 for n in by_group.values()), by_group
+    assert set().union(*by_group.values()) == set(scaling.nodes), by_group
+    # The tier is Ready with both groups and says the autoscaler asks for two.
+    status = tier_status(kube, namespace)
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert (ready["status"], ready["message"][:18]) == ("True", "2/2 replicas ready"), ready
+    assert status["autoscaling"]["desiredReplicas"] == 2
+    # kvq leaves the replicas to KEDA: the fields it applies hold none, and its passes
+    # since the scale (the tier's status above) left them at two.
+    found = group_set(kube, namespace, tier_group)
+    applied = [m for m in found["metadata"]["managedFields"] if m["manager"] == keys.FIELD_MANAGER]
+    assert applied and all("f:replicas" not in m["fieldsV1"]["f:spec"] for m in applied)
+    assert found["spec"]["replicas"] == 2
+    # The pool is full (three groups on six nodes): another group waits for room.
+    create_isvc(kube, namespace, two_node_service("other"))
+    wait_until(
+        lambda: is_(kube, namespace, "other", "Placed", "False", "WaitingForCapacity"),
+        what="another service waiting for room while the tier holds two groups",
+        timeout=TIMEOUT,
+        describe=describe,
+    )
+    assert engine_pods(kube, namespace, "other") == []
+
+    # No load: back to one group, and the other service takes the nodes it freed.
+    scaling.engine.serve(vllm_exposition(waiting=0, running=0))
+    wait_until(
+        lambda: serving(1),
+        what="back to one group of the tier once nothing runs",
+        timeout=TIMEOUT,
+        describe=describe,
+    )
+    wait_until(
+        lambda: is_(kube, namespace, "other", "Ready", "True"),
+        what="the other service Ready on the nodes the tier's second group freed",
+        timeout=TIMEOUT,
+        describe=describe,
+    )
