@@ -480,3 +480,59 @@ def test_jamba_1_5_mini_catalog_row_worked_by_hand(dtype: str, kv_per_token_laye
     per_request = -(-32768 // block) + 7  # its attention pages + one state page per group
     assert plan.max_concurrency == pytest.approx(blocks / per_request)
     assert plan.kv_tokens == int(blocks / per_request * 32768)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kv_per_token_layer"), [("auto", 2 * 4 * 128 * 2), ("fp8", 2 * 4 * 128)]
+)
+def test_granite_4_0_h_tiny_catalog_row_worked_by_hand(dtype: str, kv_per_token_layer: int) -> None:
+    """The catalog's Granite-4.0-H-Tiny: 36 Mamba2 layers keep a fixed state per sequence, 4
+    NoPE attention layers the only KV; every layer has experts and a shared MLP (vLLM 0.26
+    granitemoehybrid.py get_mamba_state_shape_from_config, mamba_utils.py)."""
+    arch = _arch("granite-4.0-h-tiny")
+    assert [i for i, k in enumerate(arch.layer_kinds) if k == "full_attention"] == [5, 15, 25, 35]
+    assert arch.mlp_kinds == ("moe",) * 40
+    assert (arch.num_experts, arch.num_experts_per_tok, arch.moe_intermediate_size) == (64, 6, 512)
+    assert (arch.num_shared_experts, arch.shared_expert_intermediate_size) == (1, 1024)
+    assert arch.state is not None and arch.rope_tables == ()
+    # conv (d_inner 3,072 + 2 x 1 group x 128, kernel - 1) + ssm (48 heads, 64, 128), both
+    # bf16: the ssm state follows the conv dtype (no float32 default, unlike Nemotron-H)
+    conv = (3072 + 2 * 1 * 128) * (4 - 1) * 2
+    ssm = 48 * 64 * 128 * 2
+    assert state_bytes(arch.state, 1) == conv + ssm == 806_400
+    layout = kv_layout(arch, dtype)
+    # 400-token attention blocks (auto), 800 (fp8): 819,200-byte pages, the state padded by
+    # 1.59 %; 9 state groups + 1 full group of 4 layers, no padding layer
+    block = 16 * -(-(conv + ssm) // (16 * kv_per_token_layer))
+    assert block == {"auto": 400, "fp8": 800}[dtype]
+    assert layout.page_bytes == block * kv_per_token_layer == 819_200
+    assert layout.group_size == 4 and len(layout.groups) == 10 and layout.padding_layers == 0
+    plan = plan_capacity(arch, _h200(), dtype, max_model_len=32768)
+    blocks = plan.available_kv_bytes // (4 * 819_200)
+    per_request = -(-32768 // block) + 9
+    assert plan.max_concurrency == pytest.approx(blocks / per_request)
+    assert plan.kv_tokens == int(blocks / per_request * 32768)
+
+
+def test_a_dense_granite_4_0_h_has_only_its_shared_mlp() -> None:
+    """num_local_experts 0 (Granite-4.0-H-Micro, -1B): vLLM builds no experts, and the
+    layer's MLP is the shared_mlp, shared_intermediate_size wide, not intermediate_size."""
+    config = {
+        "model_type": "granitemoehybrid",
+        "hidden_size": 1536,
+        "intermediate_size": 512,
+        "shared_intermediate_size": 4096,
+        "num_local_experts": 0,
+        "num_experts_per_tok": 0,
+        "num_hidden_layers": 10,
+        "layer_types": ["mamba"] * 5 + ["attention"] + ["mamba"] * 4,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "mamba_n_heads": 48,
+        "mamba_d_head": 64,
+        "mamba_d_state": 128,
+        "vocab_size": 100352,
+    }
+    arch = architecture_from_hf_config(config)
+    assert not arch.is_moe and arch.num_shared_experts == 0
+    assert arch.mlp_kinds == ("dense",) * 10 and arch.intermediate_size == 4096

@@ -71,6 +71,8 @@ def test_unknown_model_is_none(catalog: ModelCatalog) -> None:
         ("nemotron-h-8b", 8.10),
         # "52B total parameters" (the model card): 28 Mamba1 mixers, 16 MoE layers of 16
         ("jamba-1.5-mini", 52.0),
+        # "7B" (the model card): 64 experts and a shared MLP in each of 40 layers
+        ("granite-4.0-h-tiny", 7.0),
     ],
 )
 def test_parameter_count_matches_the_model_card(

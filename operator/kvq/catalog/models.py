@@ -405,7 +405,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "granitemoehybrid": {
         "mamba_expand": 2, "mamba_n_groups": 1, "mamba_n_heads": 128, "mamba_d_head": 64,
-        "mamba_d_state": 256, "mamba_d_conv": 4,
+        "mamba_d_state": 256, "mamba_d_conv": 4, "shared_intermediate_size": 1024,
     },
     "jamba": {
         "num_experts": 16, "num_experts_per_tok": 2, "mamba_expand": 2, "mamba_d_state": 16,
@@ -462,6 +462,13 @@ def architecture_from_hf_config(config: Mapping[str, Any]) -> ModelArchitecture:
     if num_experts > 1 and moe_intermediate is None:
         moe_intermediate = cfg.get("intermediate_size") or intermediate
     shared_size = cfg.get("shared_expert_intermediate_size")
+    if model_type.startswith("granitemoehybrid"):
+        # Granite-4.0-H: every layer's shared_mlp (gated, shared_intermediate_size wide) sits
+        # beside its experts; with no experts it is the layer's only MLP (vLLM 0.26
+        # granitemoehybrid.py, GraniteMoeHybrid*DecoderLayer).
+        shared_size = cfg.get("shared_intermediate_size") or None
+        if num_experts == 1 and shared_size:
+            intermediate, shared_size = int(shared_size), None
     num_shared = int(cfg.get("n_shared_experts") or (1 if shared_size else 0))
     if model_type.startswith("llama4") and num_experts > 1:
         num_shared = 1  # Llama-4: one shared expert of the routed width per MoE layer
@@ -538,6 +545,8 @@ def _rope_tables(
     max_pos = _first(cfg, "max_position_embeddings", "n_positions")
     if not max_pos or model_type.startswith(_NO_ROPE_TYPES):
         return ()
+    if model_type.startswith("granitemoehybrid") and cfg.get("position_embedding_type") != "rope":
+        return ()  # Granite-4.0-H's attention is NoPE unless the config asks for rope
     if "chunked_attention" not in layer_types and model_type.startswith("llama4"):
         return ()  # every layer NoPE
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
