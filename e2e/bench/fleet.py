@@ -96,6 +96,8 @@ class Timeline:
     created: dict[str, float] = field(default_factory=dict)
     """The create request answered: the API server holds the object, kvq can see it."""
     deployed: dict[str, float] = field(default_factory=dict)
+    available: dict[str, float] = field(default_factory=dict)
+    """The Deployment's status first reports an available replica (the cluster's part done)."""
     ready: dict[str, float] = field(default_factory=dict)
     crashed: dict[str, float] = field(default_factory=dict)
     fell_back: dict[str, float] = field(default_factory=dict)
@@ -124,6 +126,10 @@ class Results:
     ready_count: int = 0
     create_to_deployment_at_1000_s: dict[str, float] = field(default_factory=dict)
     seen_create_to_deployment_at_1000_s: dict[str, float] = field(default_factory=dict)
+    stages_at_1000_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Wave 2 by stage, as the harness's watches saw it: kvq's (created -> Deployment,
+    Deployment available -> Ready) and the cluster's (Deployment -> available), each with
+    when its last service got there (from the wave's start): which one all-Ready waits on."""
     fallbacks: int = 0
     fallback_s: dict[str, float] = field(default_factory=dict)
     requests_during_waves: float = 0.0
@@ -372,6 +378,8 @@ def _run_waves(kube: Kube, args: argparse.Namespace, results: Results, audit: Pa
     results.seen_create_to_deployment_at_1000_s = _latency(
         timeline.created, timeline.deployed, rest
     )
+    steady = [n for i, n in enumerate(rest) if (i + len(first)) % REJECT_EVERY != REJECT_EVERY - 1]
+    results.stages_at_1000_s = _stages(timeline, steady, began)
     rejecting = [n for i, n in enumerate(names) if i % REJECT_EVERY == REJECT_EVERY - 1]
     results.fallbacks = sum(1 for n in rejecting if n in timeline.fell_back)
     results.fallback_s = _latency(timeline.crashed, timeline.fell_back, rejecting)
@@ -465,6 +473,8 @@ def _watch_deployments(kube: Kube, timeline: Timeline, stop: threading.Event) ->
         obj = event["object"]
         name = obj["metadata"]["name"]
         timeline.mark(timeline.deployed, name)
+        if (obj.get("status") or {}).get("availableReplicas"):
+            timeline.mark(timeline.available, name)
         template = obj.get("spec", {}).get("template", {})
         annotations = template.get("metadata", {}).get("annotations") or {}
         if annotations.get(keys.ANNOTATION_RUNG) == "auto":
@@ -528,6 +538,24 @@ def _latency(start: dict[str, float], end: dict[str, float], names: list[str]) -
         "p95": round(values[min(len(values) - 1, int(0.95 * len(values)))], 3),
         "max": round(values[-1], 3),
     }
+
+
+def _stages(timeline: Timeline, names: list[str], began: float) -> dict[str, dict[str, float]]:
+    """Each stage's latencies and when its last service finished it (services that do not
+    fall back: a fallback's second Deployment is not a stage of the first)."""
+    steps = (
+        ("created -> Deployment (kvq)", timeline.created, timeline.deployed),
+        ("Deployment -> available (cluster)", timeline.deployed, timeline.available),
+        ("available -> Ready (kvq)", timeline.available, timeline.ready),
+    )
+    stages = {}
+    for what, start, end in steps:
+        stage = _latency(start, end, names)
+        done = [end[n] for n in names if n in end]
+        if stage and done:
+            stage["last_s"] = round(max(done) - began, 1)
+        stages[what] = stage
+    return stages
 
 
 def _measure_rest(kube: Kube, operator: Operator, seconds: float, results: Results) -> None:
@@ -663,6 +691,9 @@ def _print(results: Results) -> None:
         ("operator CPU at rest", f"{results.cpu_percent_at_rest}% of a core "
          f"({results.cpu_percent_during_waves}% during the waves)", "", ""),
     ]  # fmt: skip
+    for what, stage in results.stages_at_1000_s.items():
+        last = f"; the last at {stage['last_s']} s" if "last_s" in stage else ""
+        rows.append((f"  wave 2: {what}", _fmt(stage) + last, "", ""))
     work = results.operator_work
     if work:
         rows.append(
