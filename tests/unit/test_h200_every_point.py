@@ -82,6 +82,8 @@ def test_the_results_hold_every_family_in_both_caches_and_both_layouts() -> None
         "deepseek-v2-lite",
         "deepseek-v3",
         "nemotron-h-8b",
+        "jamba-1.5-mini",
+        "granite-4.0-h-tiny",
     ):
         # Their auto points predate the tier's JSON records: test_kv_layout.py plans them
         # from the logged figures.
