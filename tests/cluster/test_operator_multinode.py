@@ -10,15 +10,15 @@ and the second then takes the nodes and becomes Ready.
 A group's fp8 refusal, from both ranks or from one (the worker alone, or the leader alone:
 KVQ_SIM_WORKER_INDEX in e2e/kwok/stages.yaml), is one fallback for the group.
 
-With real KEDA and Prometheus too, an autoscaled extra tier of the same model scales by
-groups: KEDA's HPA writes its LeaderWorkerSet's scale subresource, kvq places nothing else
-on the second group's nodes and leaves the replicas to KEDA.
+With real KEDA and Prometheus too, an autoscaled service and an autoscaled extra tier of
+it scale by groups: KEDA's HPAs write the InferenceService's and the tier's
+LeaderWorkerSet's scale subresources, kvq places nothing else on the second groups' nodes
+and leaves the tier's replicas to KEDA.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -291,16 +291,25 @@ def test_one_ranks_fp8_refusal_falls_back_once_for_the_group(
     assert len(pods) == 2 and all(is_running_and_ready(p) for p in pods)
 
 
-# KEDA scales an extra tier whose replica spans two nodes through its LeaderWorkerSet's
-# scale subresource (a group per replica). Six nodes: the default tier's group and two of
-# the tier's.
+# KEDA scales a service whose replica spans two nodes by groups: the default tier through
+# the InferenceService's scale subresource (kvq sets its LeaderWorkerSet's replicas), an
+# extra tier through its LeaderWorkerSet's (a group per replica). Eight nodes: two groups
+# of each.
 TIER = "exact"
 FRACTION = 0.8
+SERVICES = ("big", f"big-{TIER}")  # the engines' service label, as kvq's queries select
+AUTOSCALING = {
+    "minReplicas": 1,
+    "maxReplicas": 2,
+    "targets": {"runningFraction": FRACTION},
+    "pollingSeconds": 5,
+    "scaleDownStabilizationSeconds": 0,
+}
 
 
 @dataclass
 class Scaling:
-    engine: MetricsServer
+    engines: dict[str, MetricsServer]
     operator: OperatorProcess
     nodes: list[str]
 
@@ -314,12 +323,16 @@ def scaling(
     require_prometheus()
     install_kvq_crd(kube)
     with ExitStack() as stack:
-        nodes = stack.enter_context(h200_nodes(kube, 6))
-        engine = stack.enter_context(metrics_server("127.0.0.1"))
-        engine.serve(vllm_exposition(waiting=0, running=0))
-        target = ScrapeTarget(engine.address, {"namespace": namespace, "service": f"big-{TIER}"})
+        nodes = stack.enter_context(h200_nodes(kube, 8))
+        engines = {s: stack.enter_context(metrics_server("127.0.0.1")) for s in SERVICES}
+        targets = []
+        for service, engine in engines.items():
+            engine.serve(vllm_exposition(waiting=0, running=0))
+            targets.append(
+                ScrapeTarget(engine.address, {"namespace": namespace, "service": service})
+            )
         prometheus = stack.enter_context(
-            prometheus_running(tmp_path / "prometheus", [target], scrape_interval_s=1)
+            prometheus_running(tmp_path / "prometheus", targets, scrape_interval_s=1)
         )
         operator = stack.enter_context(
             operator_running(
@@ -329,7 +342,7 @@ def scaling(
                 extra_args=[f"--prometheus-url={prometheus.url}"],
             )
         )
-        yield Scaling(engine, operator, nodes)
+        yield Scaling(engines, operator, nodes)
 
 
 def tier_status(kube: Kube, namespace: str) -> dict[str, Any]:
@@ -349,69 +362,78 @@ def pods_of(kube: Kube, namespace: str, group: str) -> list[Any]:
     return list(kube.core.list_namespaced_pod(namespace, label_selector=selector).items)
 
 
-def test_keda_scales_a_multi_node_tier_by_groups_through_its_leader_worker_set(
+def test_keda_scales_a_multi_node_service_and_tier_by_groups(
     kube: Kube, namespace: str, scaling: Scaling
 ) -> None:
     body = two_node_service("big")
+    body["spec"]["autoscaling"] = AUTOSCALING
     body["spec"]["tiers"] = [
-        {
-            "name": TIER,
-            "kvCache": {"dtype": "auto"},
-            "autoscaling": {
-                "minReplicas": 1,
-                "maxReplicas": 2,
-                "targets": {"runningFraction": FRACTION},
-                "pollingSeconds": 5,
-                "scaleDownStabilizationSeconds": 0,
-            },
-        }
+        {"name": TIER, "kvCache": {"dtype": "auto"}, "autoscaling": AUTOSCALING}
     ]
     create_isvc(kube, namespace, body)
     tier_group = f"big-{TIER}-group"
 
     def serving(groups: int) -> bool:
-        found = group_set(kube, namespace, tier_group)
-        pods = pods_of(kube, namespace, tier_group)
+        isvc = read_isvc(kube, namespace, "big")
+        for name in ("big-group", tier_group):
+            found = group_set(kube, namespace, name)
+            pods = pods_of(kube, namespace, name)
+            if not (
+                found["spec"]["replicas"] == groups
+                and (found.get("status") or {}).get("readyReplicas") == groups
+                and len(pods) == 2 * groups
+                and all(is_running_and_ready(p) for p in pods)
+            ):
+                return False
         return (
-            found["spec"]["replicas"] == groups
-            and (found.get("status") or {}).get("readyReplicas") == groups
+            isvc["spec"].get("replicas", 1) == groups
+            and (isvc.get("status") or {}).get("readyReplicas") == groups
             and tier_status(kube, namespace).get("readyReplicas") == groups
-            and len(pods) == 2 * groups
-            and all(is_running_and_ready(p) for p in pods)
         )
 
     def describe() -> str:
         return (
             f"tier: {tier_status(kube, namespace)}\n"
-            f"{group_set(kube, namespace, tier_group).get('status')}\n"
+            f"spec.replicas={read_isvc(kube, namespace, 'big')['spec'].get('replicas')}\n"
             f"{scaling.operator.log_tail(30)}"
         )
 
     wait_until(
         lambda: is_(kube, namespace, "big", "Ready", "True") and serving(1),
-        what="the default tier's group and one group of the tier Ready",
+        what="one group of each tier Ready",
         timeout=TIMEOUT,
         describe=describe,
         retry_on=(ApiException,),
     )
-    scaled_object = kube.custom.get_namespaced_custom_object(
-        "keda.sh", "v1alpha1", namespace, "scaledobjects", f"big-{TIER}"
-    )
-    assert scaled_object["spec"]["scaleTargetRef"] == {
-        "apiVersion": f"{LWS_GROUP}/{LWS_VERSION}",
-        "kind": "LeaderWorkerSet",
-        "name": tier_group,
+    targets = {
+        name: kube.custom.get_namespaced_custom_object(
+            "keda.sh", "v1alpha1", namespace, "scaledobjects", name
+        )["spec"]["scaleTargetRef"]
+        for name in SERVICES
     }
-    concurrency = float(tier_status(kube, namespace)["capacity"]["maxConcurrentSequences"])
-    running = round(FRACTION * concurrency * 1.5)
-    assert math.ceil(running / (FRACTION * concurrency)) == 2
+    assert targets == {
+        "big": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "name": "big"},
+        f"big-{TIER}": {
+            "apiVersion": f"{LWS_GROUP}/{LWS_VERSION}",
+            "kind": "LeaderWorkerSet",
+            "name": tier_group,
+        },
+    }
+    # The load of one and a half groups on each tier (the default's fp8 cache holds about
+    # twice the sequences of the tier's auto).
+    capacities = (read_isvc(kube, namespace, "big")["status"], tier_status(kube, namespace))
+    running = {
+        service: round(FRACTION * float(found["capacity"]["maxConcurrentSequences"]) * 1.5)
+        for service, found in zip(SERVICES, capacities, strict=True)
+    }
 
-    # The load of one and a half groups: KEDA's HPA writes the LWS's scale subresource, LWS
-    # makes the second group, and it is placed whole on two nodes no other group holds.
-    scaling.engine.serve(vllm_exposition(waiting=0, running=running))
+    # KEDA's HPAs write the scale subresources, LWS makes each second group, placed whole
+    # on two nodes no other group holds.
+    for service, engine in scaling.engines.items():
+        engine.serve(vllm_exposition(waiting=0, running=running[service]))
     wait_until(
         lambda: serving(2),
-        what=f"two groups of the tier Ready for {running} running requests",
+        what=f"two groups of each tier Ready for {running} running requests",
         timeout=TIMEOUT,
         describe=describe,
     )
@@ -419,41 +441,47 @@ def test_keda_scales_a_multi_node_tier_by_groups_through_its_leader_worker_set(
     for pod in pods_of(kube, namespace, tier_group) + pods_of(kube, namespace, "big-group"):
         key = f"{pod.metadata.labels[SET_NAME_LABEL]}/{pod.metadata.labels[GROUP_INDEX_LABEL]}"
         by_group.setdefault(key, set()).add(pod.spec.node_name)
-    assert sorted(by_group) == [f"{tier_group}/0", f"{tier_group}/1", "big-group/0"]
+    assert sorted(by_group) == [
+        f"{tier_group}/0",
+        f"{tier_group}/1",
+        "big-group/0",
+        "big-group/1",
+    ]
     assert all(len(n) == 2 for n in by_group.values()), by_group
     assert set().union(*by_group.values()) == set(scaling.nodes), by_group
-    # The tier is Ready with both groups and says the autoscaler asks for two.
-    status = tier_status(kube, namespace)
-    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
-    assert (ready["status"], ready["message"][:18]) == ("True", "2/2 replicas ready"), ready
-    assert status["autoscaling"]["desiredReplicas"] == 2
+    # Each tier is Ready with both groups and says the autoscaler asks for two.
+    for status in (read_isvc(kube, namespace, "big")["status"], tier_status(kube, namespace)):
+        ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+        assert (ready["status"], ready["message"][:18]) == ("True", "2/2 replicas ready"), ready
+        assert status["autoscaling"]["desiredReplicas"] == 2
     # kvq leaves the replicas to KEDA: the fields it applies hold none, and its passes
     # since the scale (the tier's status above) left them at two.
     found = group_set(kube, namespace, tier_group)
     applied = [m for m in found["metadata"]["managedFields"] if m["manager"] == keys.FIELD_MANAGER]
     assert applied and all("f:replicas" not in m["fieldsV1"]["f:spec"] for m in applied)
     assert found["spec"]["replicas"] == 2
-    # The pool is full (three groups on six nodes): another group waits for room.
+    # The pool is full (four groups on eight nodes): another group waits for room.
     create_isvc(kube, namespace, two_node_service("other"))
     wait_until(
         lambda: is_(kube, namespace, "other", "Placed", "False", "WaitingForCapacity"),
-        what="another service waiting for room while the tier holds two groups",
+        what="another service waiting for room while each tier holds two groups",
         timeout=TIMEOUT,
         describe=describe,
     )
     assert engine_pods(kube, namespace, "other") == []
 
-    # No load: back to one group, and the other service takes the nodes it freed.
-    scaling.engine.serve(vllm_exposition(waiting=0, running=0))
+    # No load: back to one group each, and the other service takes the nodes freed.
+    for engine in scaling.engines.values():
+        engine.serve(vllm_exposition(waiting=0, running=0))
     wait_until(
         lambda: serving(1),
-        what="back to one group of the tier once nothing runs",
+        what="back to one group of each tier once nothing runs",
         timeout=TIMEOUT,
         describe=describe,
     )
     wait_until(
         lambda: is_(kube, namespace, "other", "Ready", "True"),
-        what="the other service Ready on the nodes the tier's second group freed",
+        what="the other service Ready on the nodes a second group freed",
         timeout=TIMEOUT,
         describe=describe,
     )
