@@ -15,6 +15,7 @@ from typing import Any
 from e2e.devcluster.clients import Kube
 from e2e.devcluster.ports import allocate_ports
 from e2e.devcluster.waits import wait_until
+from e2e.prometheus.server import RunningPrometheus, ScrapeTarget, prometheus_running
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from prometheus_client import REGISTRY
@@ -213,6 +214,26 @@ def operator_running(
             delete_inference_services(kube, namespace, describe=process.stacks_and_log)
         finally:
             process.stop()
+
+
+@contextmanager
+def operator_on_prometheus(
+    kube: Kube, namespace: str, run_dir: Path, targets: Sequence[ScrapeTarget]
+) -> Iterator[tuple[RunningPrometheus, OperatorProcess]]:
+    """A Prometheus scraping the engines' `targets` every second, and the operator reading
+    it (what KEDA's queries and kvq's autoscaling read in the autoscaling tests)."""
+    with (
+        prometheus_running(
+            run_dir / "prometheus", list(targets), scrape_interval_s=1
+        ) as prometheus,
+        operator_running(
+            kube,
+            namespace,
+            run_dir / "operator.log",
+            extra_args=[f"--prometheus-url={prometheus.url}"],
+        ) as operator,
+    ):
+        yield prometheus, operator
 
 
 def delete_inference_services(kube: Kube, namespace: str, describe: Any = None) -> None:

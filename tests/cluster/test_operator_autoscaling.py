@@ -30,14 +30,14 @@ from typing import Any
 import pytest
 from e2e.devcluster.clients import Kube
 from e2e.devcluster.waits import wait_until
-from e2e.prometheus.server import RunningPrometheus, ScrapeTarget, prometheus_running
+from e2e.prometheus.server import RunningPrometheus, ScrapeTarget
 
 from tests.cluster.operator_support import (
     OperatorProcess,
     create_isvc,
     inference_service,
     install_kvq_crd,
-    operator_running,
+    operator_on_prometheus,
     read_isvc,
 )
 from tests.infra.servers import MetricsServer, metrics_server, vllm_exposition
@@ -74,16 +74,8 @@ def fleet(kube: Kube, keda: dict[str, str], namespace: str, tmp_path: Path) -> I
             ScrapeTarget(engine.address, {"namespace": namespace, "service": name})
             for name, engine in engines.items()
         ]
-        prometheus = stack.enter_context(
-            prometheus_running(tmp_path / "prometheus", targets, scrape_interval_s=1)
-        )
-        operator = stack.enter_context(
-            operator_running(
-                kube,
-                namespace,
-                tmp_path / "operator.log",
-                extra_args=[f"--prometheus-url={prometheus.url}"],
-            )
+        prometheus, operator = stack.enter_context(
+            operator_on_prometheus(kube, namespace, tmp_path, targets)
         )
         yield Fleet(namespace, engines, prometheus, operator)
 

@@ -29,7 +29,7 @@ import pytest
 from e2e.devcluster.clients import Kube
 from e2e.devcluster.profiles import load_profile, node_manifests
 from e2e.devcluster.waits import is_running_and_ready, wait_until
-from e2e.prometheus.server import ScrapeTarget, prometheus_running
+from e2e.prometheus.server import ScrapeTarget
 from kubernetes.client.exceptions import ApiException
 
 from kvq.api import keys
@@ -41,6 +41,7 @@ from tests.cluster.operator_support import (
     create_isvc,
     inference_service,
     install_kvq_crd,
+    operator_on_prometheus,
     operator_running,
     read_isvc,
 )
@@ -223,14 +224,19 @@ def test_a_groups_fp8_refusal_falls_back_once_for_the_group(
         timeout=180,
         describe=lambda: f"{conditions(kube, namespace, 'alpha')}\n{operator.log_tail(60)}",
     )
+    assert_fell_back_once_to_auto(kube, namespace, operator)
+    pods = engine_pods(kube, namespace, "alpha")
+    assert len(pods) == 2 and all(is_running_and_ready(p) for p in pods)
+
+
+def assert_fell_back_once_to_auto(kube: Kube, namespace: str, operator: OperatorProcess) -> None:
+    """One Refused move requested -> auto for the group, with the refusal's root cause."""
     status = read_isvc(kube, namespace, "alpha")["status"]
     assert status["effective"]["kvCacheDtype"] == "auto"
     (attempt,) = status["fallback"]["attempts"]
     assert (attempt["cause"], attempt["from"], attempt["to"]) == ("Refused", "requested", "auto")
-    assert ROOT_CAUSE in attempt["evidence"]
+    assert ROOT_CAUSE in attempt["evidence"], attempt
     assert operator.sample("kvq_fallbacks_total") == 1
-    pods = engine_pods(kube, namespace, "alpha")
-    assert len(pods) == 2 and all(is_running_and_ready(p) for p in pods)
 
 
 def has_crashed(container: Any) -> bool:
@@ -279,12 +285,7 @@ def test_one_ranks_fp8_refusal_falls_back_once_for_the_group(
         timeout=180,
         describe=lambda: f"{conditions(kube, namespace, 'alpha')}\n{operator.log_tail(60)}",
     )
-    status = read_isvc(kube, namespace, "alpha")["status"]
-    assert status["effective"]["kvCacheDtype"] == "auto"
-    (attempt,) = status["fallback"]["attempts"]
-    assert (attempt["cause"], attempt["from"], attempt["to"]) == ("Refused", "requested", "auto")
-    assert ROOT_CAUSE in attempt["evidence"], attempt
-    assert operator.sample("kvq_fallbacks_total") == 1
+    assert_fell_back_once_to_auto(kube, namespace, operator)
     # The other rank never crashed: its pods ran Ready until LWS recreated the group.
     assert crashed <= {index}, crashed
     pods = engine_pods(kube, namespace, "alpha")
@@ -331,16 +332,8 @@ def scaling(
             targets.append(
                 ScrapeTarget(engine.address, {"namespace": namespace, "service": service})
             )
-        prometheus = stack.enter_context(
-            prometheus_running(tmp_path / "prometheus", targets, scrape_interval_s=1)
-        )
-        operator = stack.enter_context(
-            operator_running(
-                kube,
-                namespace,
-                tmp_path / "operator.log",
-                extra_args=[f"--prometheus-url={prometheus.url}"],
-            )
+        _, operator = stack.enter_context(
+            operator_on_prometheus(kube, namespace, tmp_path, targets)
         )
         yield Scaling(engines, operator, nodes)
 
