@@ -286,3 +286,30 @@ def test_the_gpus_other_pods_hold_are_not_free(tmp_path: Path) -> None:
     assert full.exit_code == 0, full.output
     assert "Placed WaitingForCapacity" in full.stderr
     assert "room for 0 of 1 replicas now" in " ".join(full.stderr.split())
+
+
+def test_a_preview_over_nodes_names_the_leaderworkerset_api_it_needs(tmp_path: Path) -> None:
+    """The preview is what the operator applies where LeaderWorkerSet is served; it says
+    so, and --no-leader-worker-set shows what the operator does without it."""
+    example = str(Path(__file__).parents[2] / "examples" / "llama-3.1-405b-two-nodes.yaml")
+    fleet = ["--pool", "H100", "--node-count", "2"]
+    rendered = runner.invoke(app, ["render", "-f", example, *fleet])
+    assert rendered.exit_code == 0, rendered.output
+    assert ("LeaderWorkerSet", "llama-405b-group") in kinds_and_names(rendered.stdout)
+    need = (
+        "a replica spans 2 nodes and runs as LeaderWorkerSet llama-405b-group: the cluster "
+        "must serve leaderworkerset.x-k8s.io/v1"
+    )
+    assert f"note: llama-405b: {need}" in " ".join(rendered.stderr.split())
+    valid = runner.invoke(app, ["validate", "-f", example, *fleet])
+    assert valid.exit_code == 0, valid.output
+    assert f"* needs: {need}" in valid.stdout
+    without = runner.invoke(app, ["render", "-f", example, *fleet, "--no-leader-worker-set"])
+    assert without.exit_code != 0
+    assert f"{LWS_API} is not served: install LeaderWorkerSet" in " ".join(without.output.split())
+    # One node per replica needs nothing more.
+    single = runner.invoke(app, ["render", "-f", write(tmp_path, TIERED), "--pool", "H100"])
+    assert "note:" not in single.stderr
+
+
+LWS_API = "leaderworkerset.x-k8s.io/v1"

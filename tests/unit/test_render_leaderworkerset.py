@@ -107,3 +107,41 @@ def test_an_engine_command_without_a_known_vllm_launch_is_refused_for_workers() 
         leader_worker_set(
             deployment, Layout(tensor=8, pipeline=2), nodes=2, engine_version="0.26.0"
         )
+
+
+def test_every_rank_of_a_group_gets_the_same_cpu_tier_and_holds_its_own_share() -> None:
+    """spec.memory.swapSpaceGiB on a replica over two nodes (vLLM 0.26's KV offloading).
+    --kv-offloading-size is the engine's total over every rank of the replica: vLLM's
+    CPUOffloadingSpec divides it by the world size into each rank's blocks, and the
+    leader's scheduler counts the CPU blocks every worker allocates, so every pod of the
+    group must carry the same value (a per-node size would shrink each rank's share and
+    disagree across ranks). Each pod's memory request holds its own GPUs' share."""
+    service = isvc(
+        model={"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
+        placement={"parallelism": {"tensor": 8, "pipeline": 2}},
+        memory={"swapSpaceGiB": 8, "maxModelLen": 8192},
+    )
+    objects = render_manifests(service, pool(H100), settings(service, H100))
+    group = next(o for o in objects if o["kind"] == "LeaderWorkerSet")
+    spec = group["spec"]["leaderWorkerTemplate"]
+    pods = [spec[t]["spec"]["containers"][0] for t in ("leaderTemplate", "workerTemplate")]
+    single = isvc(
+        model={"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
+        placement={"parallelism": {"tensor": 8, "pipeline": 2}},
+        memory={"maxModelLen": 8192},
+    )
+    bare = render_manifests(single, pool(H100), settings(single, H100))
+    bare_group = next(o for o in bare if o["kind"] == "LeaderWorkerSet")
+    bare_leader = bare_group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    without = bare_leader["spec"]["containers"][0]["resources"]["requests"]["memory"]
+    for pod in pods:
+        assert _flag(pod["command"], "--kv-offloading-size") == "128"  # 8 GiB x 16 GPUs
+        assert _flag(pod["command"], "--kv-offloading-backend") == "native"
+        # 8 GiB for each of the pod's own 8 GPUs on top of the pod without a CPU tier.
+        asked = _gib(pod["resources"]["requests"]["memory"]) - _gib(without)
+        assert asked == 64
+
+
+def _gib(quantity: str) -> int:
+    assert quantity.endswith("Gi"), quantity
+    return int(quantity.removesuffix("Gi"))

@@ -78,6 +78,7 @@ class ClusterOptions:
     gateway_api: bool = True
     inference_pool: bool = True
     rung: str | None = None
+    leader_worker_set: bool = True
 
 
 def previews(
@@ -99,7 +100,9 @@ def previews(
     if cluster.rung not in (None, "requested", "auto", "awq"):
         fail("--rung must be requested, auto or awq")
     catalogs, config, fleet = _setting(fleet_options, cluster)
-    apis = ServedApis(cluster.keda, cluster.gateway_api, cluster.inference_pool)
+    apis = ServedApis(
+        cluster.keda, cluster.gateway_api, cluster.inference_pool, cluster.leader_worker_set
+    )
     now = datetime.now(UTC)
     for doc in load_documents(file):
         if doc.get("kind") != KIND:

@@ -64,6 +64,13 @@ def render(
     inference_pool: Annotated[
         bool, typer.Option(help="The cluster serves the Inference Extension's InferencePool")
     ] = True,
+    leader_worker_set: Annotated[
+        bool,
+        typer.Option(
+            help="The cluster serves LeaderWorkerSet (leaderworkerset.x-k8s.io/v1), which a "
+            "replica over several nodes runs as"
+        ),
+    ] = True,
 ) -> None:
     """Print the objects the operator applies for an InferenceService on a pool (for GitOps).
 
@@ -83,6 +90,7 @@ def render(
         gateway_api,
         inference_pool,
         rung,
+        leader_worker_set,
     )
     for _, found, invalid in previews(
         file, fleet, cluster, namespace=namespace, engine_version=engine_version
@@ -96,5 +104,7 @@ def render(
             err.print(
                 f"[yellow]warning:[/] {found.name}: {warning}", highlight=False, soft_wrap=True
             )
+        for need in found.requires:
+            err.print(f"note: {found.name}: {need}", highlight=False, soft_wrap=True)
         documents += found.objects
     sys.stdout.write(dump_yaml(documents))

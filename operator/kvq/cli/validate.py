@@ -53,6 +53,8 @@ def validate(
                 print(f"* {problem}")
             else:
                 print(f"inferenceservice/{name} valid ({found.decision})")
+                for need in found.requires:
+                    print(f"* needs: {need}")
         raise typer.Exit(1 if failed else 0)
     for doc in load_documents(file):
         if doc.get("kind") != KIND:

@@ -24,6 +24,7 @@ from kvq.fallback.key import ladder_key
 from kvq.fallback.ladder import Rung, rfc3339
 from kvq.placement.discovery import GpuPod, discover_pools
 from kvq.placement.pool import gfd_product_value
+from kvq.render.leaderworkerset import API_VERSION as LWS_API_VERSION
 
 # Conditions that say something the spec asks for is not applied (or not as asked), or that
 # the replicas applied wait for room on their pool.
@@ -65,6 +66,9 @@ class Preview:
     replicas that wait for room on a full pool."""
     decision: str
     """The rung and pool in force, in one line."""
+    requires: tuple[str, ...] = ()
+    """APIs the objects need that a cluster may not serve (a LeaderWorkerSet's): the
+    preview assumes them, as the operator finds them served."""
 
 
 def synthetic_fleet(
@@ -156,6 +160,7 @@ def preview(
         else None,
         warnings=tuple(_warnings(status)),
         decision=_decision(status),
+        requires=tuple(_requires(plan.apply)),
     )
 
 
@@ -212,6 +217,21 @@ def _why_nothing(status: InferenceServiceStatus) -> str:
         if found is not None and found.status == bad and found.message:
             return found.message
     return "the operator applies nothing for this service"
+
+
+def _requires(objects: Sequence[Manifest]) -> list[str]:
+    """What the cluster must serve for `objects` beyond Kubernetes itself (kvq's own CRD
+    aside; KEDA's and the Gateway API's objects are previewed by their own flags)."""
+    found = []
+    for group in (m for m in objects if m["kind"] == "LeaderWorkerSet"):
+        size = group["spec"]["leaderWorkerTemplate"]["size"]
+        found.append(
+            f"a replica spans {size} nodes and runs as LeaderWorkerSet "
+            f"{group['metadata']['name']}: the cluster must serve {LWS_API_VERSION} (install "
+            "LeaderWorkerSet, its controller and CRD; without it the operator applies nothing "
+            "and says so: preview that with --no-leader-worker-set)"
+        )
+    return found
 
 
 def _warnings(status: InferenceServiceStatus) -> list[str]:
