@@ -41,9 +41,18 @@ class ParallelismSpec(KubeModel):
             message=f"parallelism.pipeline (pipeline stages) must be between 1 and {MAX_PIPELINE}",
             check=lambda v: 1 <= v <= MAX_PIPELINE,
         ),
+        Field(json_schema_extra={"default": None}),
     ] = 1
     """Stages that split the layers (vLLM --pipeline-parallel-size). When tensor x pipeline
-    is more than one node's GPUs, each node runs whole stages: the replica spans nodes."""
+    is more than one node's GPUs, each node runs whole stages: the replica spans nodes.
+    Omitted: kvq picks the fewest stages whose replica holds the weights and
+    spec.capacity.minConcurrentSequences at maxModelLen, on each pool and for each rung of
+    the fallback ladder (a fallback to a larger KV cache may take more nodes; status says so)."""
+
+    @property
+    def pipeline_derived(self) -> bool:
+        """parallelism.pipeline is left to kvq (omitted)."""
+        return "pipeline" not in self.model_fields_set
 
     @property
     def gpus(self) -> int:
@@ -95,6 +104,12 @@ class PlacementSpec(KubeModel):
     """Tensor x pipeline parallel (gpusPerReplica = tensor x pipeline). A replica larger
     than one node spans nodes with pipeline stages. Omitted: tensor parallel over
     gpusPerReplica GPUs of one node."""
+
+    @property
+    def pipeline_derived(self) -> bool:
+        """parallelism is given without pipeline (nor gpusPerReplica): kvq picks the stages."""
+        return self.parallelism is not None and self.parallelism.pipeline_derived
+
     pools: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=63)]],
         Field(max_length=32, json_schema_extra={"x-kubernetes-list-type": "set"}),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvq.api.placement import ParallelismSpec
 from kvq.api.resource import InferenceService
 from kvq.catalog.engines import EngineCapability
 from kvq.catalog.models import ModelArchitecture
@@ -18,6 +19,7 @@ from kvq.placement.choice import PoolChoice, PoolRequest, choose_pool
 from kvq.placement.discovery import Inventory
 from kvq.placement.pool import nodes_per_replica
 from kvq.planner.kv_layout import kv_manager_flags
+from kvq.planner.layout import Layout, pipeline_candidates
 from kvq.planner.weights import WeightFormat
 from kvq.render.pod import host_tier_bytes, memory_request_bytes
 from kvq.render.settings import (
@@ -98,12 +100,13 @@ def place_rungs(
             leave_current=leave_current,
             unschedulable=unschedulable or "",
             memory_bytes=memory_request_bytes(isvc, sized),
-            pod_memory_bytes=_pod_memory(isvc, sized, inventory),
+            pod_memory_bytes=_pod_memory(isvc, sized, inventory, arch),
             host_tier_bytes=host_tier_bytes(isvc, sized),
             hybrid_kv_cache_manager=manager.hybrid_manager,
             kv_cache_dtype_skip_layers=manager.skip_layers,
             pipeline_parallel=spec.placement.pipeline_parallel,
             parallelism_declared=spec.placement.parallelism is not None,
+            derive_pipeline=spec.placement.pipeline_derived,
         )
         choice = choose_pool(request, inventory, capability, arch)
         placements[rung] = RungPlacement(rung, dtype, choice, _state(rung, choice))
@@ -111,16 +114,50 @@ def place_rungs(
 
 
 def _pod_memory(
-    isvc: InferenceService, sized: EffectiveSettings, inventory: Inventory
+    isvc: InferenceService, sized: EffectiveSettings, inventory: Inventory, arch: ModelArchitecture
 ) -> dict[int, int]:
     """A pod's memory request for each node count a replica spans on some pool (above 1)."""
     placement = isvc.spec.placement
+    if placement.pipeline_derived:
+        # Each layout kvq may derive on some pool: a pod's share follows its GPUs.
+        layouts = {
+            (layout, pool.gpus_per_node)
+            for pool in inventory.pools
+            for layout in pipeline_candidates(arch, placement.tensor_parallel, pool.gpus_per_node)
+        }
+        found = {}
+        for layout, per_node in sorted(layouts, key=lambda x: (x[0].pipeline, x[1])):
+            nodes = nodes_per_replica(layout.tensor, layout.pipeline, per_node)
+            if nodes is not None and nodes > 1:
+                found[nodes] = memory_request_bytes(laid_out(isvc, layout), sized, nodes)
+        return {n: b for n, b in found.items() if b is not None}
     spans = {
         nodes_per_replica(placement.tensor_parallel, placement.pipeline_parallel, p.gpus_per_node)
         for p in inventory.pools
     }
     found = {n: memory_request_bytes(isvc, sized, n) for n in spans if n is not None and n > 1}
     return {n: b for n, b in found.items() if b is not None}
+
+
+def laid_out(isvc: InferenceService, layout: Layout) -> InferenceService:
+    """The service with `layout` declared: what the operator renders when it derived the
+    layout (spec.placement.parallelism without pipeline)."""
+    placement = isvc.spec.placement.model_copy(
+        update={
+            "parallelism": ParallelismSpec(tensor=layout.tensor, pipeline=layout.pipeline),
+            "gpus_per_replica": layout.gpus,
+        }
+    )
+    spec = isvc.spec.model_copy(update={"placement": placement})
+    return isvc.model_copy(update={"spec": spec})
+
+
+def rung_layout(placement: RungPlacement) -> Layout | None:
+    """The layout the rung's chosen pool plans (None: no pool)."""
+    chosen = placement.choice.chosen
+    if chosen is None or chosen.plan is None:
+        return None
+    return Layout(chosen.plan.tensor_parallel, chosen.plan.pipeline_parallel)
 
 
 def _state(rung: Rung, choice: PoolChoice) -> RungState:

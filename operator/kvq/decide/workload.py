@@ -24,7 +24,7 @@ from kvq.decide.conditions import condition
 from kvq.decide.decision import Decision, build_status, rolled_out, waits_for
 from kvq.decide.events import decision_events
 from kvq.decide.manifests import Rendered, owned_by, render_rung
-from kvq.decide.place import RungPlacement, place_rungs
+from kvq.decide.place import RungPlacement, laid_out, place_rungs, rung_layout
 from kvq.decide.pod_findings import EngineFindings, current_pods, examine_pods, tally_failures
 from kvq.decide.quality import QualityGate, probe_job, read_probe
 from kvq.decide.types import NextCheck, ObjectRef, Plan, Snapshot
@@ -39,9 +39,10 @@ from kvq.fallback.ladder import (
     cleared_crash,
     climb,
 )
-from kvq.placement.choice import PoolVerdict
 from kvq.placement.discovery import Inventory, discover_pools
+from kvq.placement.pool import nodes_per_replica
 from kvq.planner.architecture import UnknownModelError, resolve_architecture
+from kvq.planner.layout import Layout, describe
 from kvq.render import RenderError
 from kvq.render.leaderworkerset import API_VERSION as LWS_API_VERSION
 from kvq.render.manifests import replica_nodes
@@ -138,7 +139,7 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
         waiting=position.waiting,
         ladder_reason=position.reason,
         exhausted=position.rung is None,
-        moves=position.moves,
+        moves=_with_layouts(position.moves, placements),
         failure=_shown_failure(
             position.moves,
             verdict is not None,
@@ -164,11 +165,12 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     if chosen is None:
         # The pool is gone for now (scaled to zero?): what runs stays as it is.
         return _keeping_live(_plan(snap, previous, decision), snap.config.ladder.grace)
-    if (held := _group_held(snap, previous, decision, chosen)) is not None:
+    # The layout kvq derived for this rung and pool is the one held and rendered.
+    if (held := _group_held(snap, placements[position.rung], previous, decision)) is not None:
         return held
     try:
         rendered = render_rung(
-            isvc,
+            _as_planned(isvc, placements[position.rung]),
             placements[position.rung],
             chosen,
             key=key,
@@ -214,8 +216,47 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
     return replace(plan, fetch_log_tails=findings.need_log_tails)
 
 
+def _with_layouts(
+    moves: tuple[FallbackAttempt, ...], placements: dict[Rung, RungPlacement]
+) -> tuple[FallbackAttempt, ...]:
+    """Moves whose rungs run different layouts (a derived pipeline: a larger KV cache may
+    need more stages, AWQ weights fewer) say so: the condition and the Event name both."""
+    said = []
+    for move in moves:
+        was, now = _placed_layout(placements, move.from_), _placed_layout(placements, move.to)
+        change = (
+            f" A replica now spans {now[1]}, was {was[1]}." if was and now and was != now else ""
+        )
+        said.append(
+            move.model_copy(update={"reason": move.reason.rstrip() + change}) if change else move
+        )
+    return tuple(said)
+
+
+def _as_planned(isvc: InferenceService, placement: RungPlacement) -> InferenceService:
+    """The service as the rung's pool plans it: with the layout kvq derived (parallelism
+    without pipeline), else as written."""
+    layout = rung_layout(placement)
+    if isvc.spec.placement.pipeline_derived and layout is not None:
+        return laid_out(isvc, layout)
+    return isvc
+
+
+def _placed_layout(placements: dict[Rung, RungPlacement], rung: str) -> tuple[Layout, str] | None:
+    found = next((p for r, p in placements.items() if r.value == rung), None)
+    layout = rung_layout(found) if found is not None else None
+    if found is None or layout is None or found.choice.chosen is None:
+        return None
+    per_node = found.choice.chosen.pool.gpus_per_node
+    nodes = nodes_per_replica(layout.tensor, layout.pipeline, per_node) or 1
+    return layout, describe(layout, nodes)
+
+
 def _group_held(
-    snap: Snapshot, previous: InferenceServiceStatus, decision: Decision, chosen: PoolVerdict
+    snap: Snapshot,
+    placement: RungPlacement,
+    previous: InferenceServiceStatus,
+    decision: Decision,
 ) -> Plan | None:
     """The plan of a replica over several nodes that cannot be applied now (None: it can).
 
@@ -223,10 +264,11 @@ def _group_held(
     stays). A group is applied only once all of its pods have room: pods of it bound alone
     would hold whole nodes' GPUs doing nothing, and keep other groups off; so a service
     with no group running yet, on a pool without room for every group now, waits whole."""
-    if replica_nodes(snap.isvc, chosen.pool) == 1:
+    isvc, chosen = _as_planned(snap.isvc, placement), placement.choice.chosen
+    if chosen is None or replica_nodes(isvc, chosen.pool) == 1:
         return None
     if not snap.leader_worker_sets:
-        nodes = replica_nodes(snap.isvc, chosen.pool)
+        nodes = replica_nodes(isvc, chosen.pool)
         why = (
             f"a replica spans {nodes} nodes of pool {chosen.pool.name} and runs as a "
             f"LeaderWorkerSet, but {LWS_API_VERSION} is not served: install LeaderWorkerSet "

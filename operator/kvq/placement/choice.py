@@ -12,7 +12,7 @@ it now is left only when the caller says the grace period is over and another ca
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvq.api import keys
 from kvq.api.scheduling import Toleration
@@ -22,6 +22,7 @@ from kvq.placement.discovery import TRANSIENT_TAINT_KEYS, Inventory
 from kvq.placement.pool import NodePool, OwnerKey, Taint, nodes_per_replica
 from kvq.placement.tensor_parallel import layout_problem
 from kvq.planner import CapacityPlan, plan_capacity
+from kvq.planner.layout import pipeline_candidates
 from kvq.planner.weights import WeightFormat
 
 DEFAULT_BLOCK_SIZE = 16
@@ -71,6 +72,9 @@ class PoolRequest:
     """spec.placement.parallelism.pipeline: stages of gpus_per_replica / pipeline GPUs each."""
     parallelism_declared: bool = False
     """spec.placement.parallelism is given (messages name its fields)."""
+    derive_pipeline: bool = False
+    """spec.placement.parallelism leaves the pipeline out: on each pool, the fewest stages
+    whose replica holds the weights and min_concurrency (planner.layout's candidates)."""
 
     @property
     def tensor_parallel(self) -> int:
@@ -182,6 +186,8 @@ def _rank(verdict: PoolVerdict, request: PoolRequest) -> tuple[int, float, float
 def _judge(
     pool: NodePool, request: PoolRequest, capability: EngineCapability, arch: ModelArchitecture
 ) -> PoolVerdict:
+    if request.derive_pipeline:
+        request = _derived(pool, request, capability, arch)
     reasons: list[str] = []
     if request.allowed_pools and not pool.in_group(request.allowed_pools):
         reasons.append(NOT_ALLOWED)
@@ -209,7 +215,24 @@ def _judge(
         reasons.append(verdict.reason)
     if request.weight_format == "awq" and pool.gpu.compute_capability < (7, 5):
         reasons.append("AWQ kernels need compute capability 7.5 or newer")
-    plan = plan_capacity(
+    plan = _plan(pool, request, capability, arch)
+    if not plan.fits:
+        reasons.append((plan.reason or "the model does not fit") + _declared(request))
+    elif request.min_concurrency is not None and plan.max_concurrency < request.min_concurrency:
+        reasons.append(
+            f"holds {plan.max_concurrency:.1f} sequences of {plan.max_model_len} tokens, "
+            f"spec.capacity needs {request.min_concurrency}{_declared(request)}"
+        )
+    slots, not_now = _room(pool, request)
+    if request.unschedulable and pool.name == request.current_pool:
+        not_now = f"replicas cannot be scheduled ({request.unschedulable})"
+    return PoolVerdict(pool, tuple(reasons), plan, slots, not_now)
+
+
+def _plan(
+    pool: NodePool, request: PoolRequest, capability: EngineCapability, arch: ModelArchitecture
+) -> CapacityPlan:
+    return plan_capacity(
         arch,
         pool.gpu,
         request.kv_cache_dtype,
@@ -224,17 +247,43 @@ def _judge(
         kv_cache_dtype_skip_layers=request.kv_cache_dtype_skip_layers,
         memory_profile=capability.memory_profile,
     )
-    if not plan.fits:
-        reasons.append(plan.reason or "the model does not fit")
-    elif request.min_concurrency is not None and plan.max_concurrency < request.min_concurrency:
-        reasons.append(
-            f"holds {plan.max_concurrency:.1f} sequences of {plan.max_model_len} tokens, "
-            f"spec.capacity needs {request.min_concurrency}"
+
+
+def _derived(
+    pool: NodePool, request: PoolRequest, capability: EngineCapability, arch: ModelArchitecture
+) -> PoolRequest:
+    """The request with the fewest pipeline stages that hold the weights, the capacity
+    asked for and a pod's memory on this pool (planner.layout.pipeline_candidates); the
+    deepest tried when none does, so the verdict says what is still missing."""
+    laid = request
+    for layout in pipeline_candidates(arch, request.tensor_parallel, pool.gpus_per_node):
+        laid = replace(
+            request,
+            gpus_per_replica=layout.gpus,
+            pipeline_parallel=layout.pipeline,
         )
-    slots, not_now = _room(pool, request)
-    if request.unschedulable and pool.name == request.current_pool:
-        not_now = f"replicas cannot be scheduled ({request.unschedulable})"
-    return PoolVerdict(pool, tuple(reasons), plan, slots, not_now)
+        plan = _plan(pool, laid, capability, arch)
+        enough = request.min_concurrency is None or plan.max_concurrency >= request.min_concurrency
+        if plan.fits and enough and _memory_problem(pool, laid) is None:
+            return laid
+    return laid
+
+
+def _declared(request: PoolRequest) -> str:
+    """What the layout adds to "does not hold it": kvq never changes a declared one, and a
+    derived one failed at the most stages kvq tries."""
+    if request.derive_pipeline:
+        return (
+            f" even at TP {request.tensor_parallel} x PP {request.pipeline_parallel}, the most"
+            " stages kvq tries on this pool"
+        )
+    if not request.parallelism_declared:
+        return ""
+    return (
+        f" with the declared layout (spec.placement.parallelism: TP {request.tensor_parallel}"
+        f" x PP {request.pipeline_parallel}; kvq keeps a declared layout, leave"
+        " parallelism.pipeline out to let it pick the stages)"
+    )
 
 
 def _split_problem(pool: NodePool, request: PoolRequest) -> str | None:

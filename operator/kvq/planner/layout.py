@@ -108,6 +108,35 @@ def nodes_per_replica(layout: Layout, gpus_per_node: int) -> int:
     return layout.gpus // gpus_per_node
 
 
+# The deepest pipeline kvq describes (spec.placement.parallelism.pipeline's maximum).
+MAX_STAGES = 16
+
+
+def pipeline_candidates(
+    arch: ModelArchitecture, tensor: int, gpus_per_node: int
+) -> tuple[Layout, ...]:
+    """The layouts kvq tries, fewest stages first, when spec.placement.parallelism leaves
+    the pipeline out: tensor x 1, 2, ... stages that vLLM accepts for the model and that
+    place on nodes of `gpus_per_node` GPUs (nodes_per_replica's rule). The first whose
+    replica holds the weights and the KV capacity asked for is the derived layout."""
+    found = []
+    for pipeline in range(1, min(MAX_STAGES, arch.num_layers) + 1):
+        layout = Layout(tensor=tensor, pipeline=pipeline)
+        try:
+            check_layout(arch, layout)
+            nodes_per_replica(layout, gpus_per_node)
+        except LayoutError:
+            continue
+        found.append(layout)
+    return tuple(found)
+
+
+def describe(layout: Layout, nodes: int) -> str:
+    """`2 nodes (TP 8 x PP 2)`: how status and events name a replica's layout."""
+    where = f"{nodes} nodes" if nodes > 1 else "1 node"
+    return f"{where} (TP {layout.tensor} x PP {layout.pipeline})"
+
+
 def plan_layout(
     arch: ModelArchitecture, layout: Layout, gpus_per_node: int, kv_cache_dtype: str = "auto"
 ) -> LayoutPlan:

@@ -1,0 +1,104 @@
+"""A fallback that changes the layout is planned and said (issue 24): Llama-3.1-405B on
+8-GPU H100 nodes, 8 sequences of 131,072 tokens per replica. fp8 holds 11.8 on two nodes
+(TP 8 x PP 2); auto's twice larger KV cache holds 5.9 there and needs a third stage (14.8).
+With parallelism.pipeline left out kvq plans each rung's stages; a declared layout is kept
+and the fallback says why it no longer fits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvq.decide import Plan, decide
+from tests.unit.test_decide import (
+    HEAD80_CRASH,
+    LLAMA_405B,
+    conditions,
+    crashing_pod,
+    group_of,
+    h100_nodes,
+    isvc,
+    message,
+    snapshot,
+    with_status,
+)
+
+DERIVED = {"tensor": 8}
+DECLARED = {"tensor": 8, "pipeline": 2}
+NOW_THREE = "A replica now spans 3 nodes (TP 8 x PP 3), was 2 nodes (TP 8 x PP 2)."
+
+
+def service(parallelism: dict[str, int]) -> dict[str, Any]:
+    return isvc(
+        model=LLAMA_405B,
+        placement={"parallelism": parallelism, "pools": ["gpu-h100"]},
+        memory={"maxModelLen": 131072},
+        capacity={"minConcurrentSequences": 8},
+    )
+
+
+def refused(plan: Plan) -> dict[str, Any]:
+    """The group's leader crash-looping on the fp8 refusal."""
+    pod = crashing_pod(plan, HEAD80_CRASH)
+    leader = group_of(plan)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    pod["metadata"]["annotations"] = leader["metadata"]["annotations"]
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "nodes", "placed", "stalled", "size", "says"),
+    [
+        # Derived, room for three nodes: the auto group is planned and applied on three.
+        (DERIVED, 3, ("True", "PoolChosen"), "False", 3, NOW_THREE),
+        # Derived, two nodes only: auto's group does not fit now; nothing is applied, what
+        # runs stays, and the service waits for a third node, saying so.
+        (DERIVED, 2, ("False", "WaitingForCapacity"), "False", None, "3 nodes of 8 per replica"),
+        # Declared: kvq keeps TP 8 x PP 2, where auto holds too little, and says why.
+        (DECLARED, 3, ("False", "NoPoolFits"), "True", None, "kvq keeps a declared layout"),
+    ],
+)
+def test_a_fallback_to_a_larger_kv_cache_plans_its_layout_and_says_it(
+    parallelism: dict[str, int],
+    nodes: int,
+    placed: tuple[str, str],
+    stalled: str,
+    size: int | None,
+    says: str,
+) -> None:
+    body = service(parallelism)
+    first = decide(snapshot(body, node_list=h100_nodes(nodes)))
+    assert first.status["capacity"]["layout"]["pipeline"] == 2  # fp8: two nodes
+    assert group_of(first)["spec"]["leaderWorkerTemplate"]["size"] == 2
+    second = decide(
+        snapshot(with_status(body, first), node_list=h100_nodes(nodes), pods=[refused(first)])
+    )
+    assert conditions(second)["Placed"] == placed
+    assert conditions(second)["Stalled"][0] == stalled
+    said = " ".join([message(second, "Placed"), *(e.message for e in second.events)])
+    assert says in said
+    groups = [o for o in second.apply if o["kind"] == "LeaderWorkerSet"]
+    if size is None:
+        assert groups == []  # nothing applied: what runs is kept
+        return
+    assert groups[0]["spec"]["leaderWorkerTemplate"]["size"] == size
+    assert second.status["capacity"]["layout"] == {
+        "tensor": 8,
+        "pipeline": 3,
+        "nodesPerReplica": 3,
+        "layersPerStage": [42, 42, 42],
+        "boundingStage": 1,
+    }
+    # The condition and the Event both name the new layout and the old.
+    assert NOW_THREE in message(second, "FallbackActive")
+    assert [e.reason for e in second.events] == ["FallbackRuntime"]
+    leader = groups[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+    command = leader["containers"][0]["command"]
+    assert command[command.index("--pipeline-parallel-size") + 1] == "3"
+
+
+def test_a_derived_layout_takes_the_fewest_stages_that_hold_the_capacity() -> None:
+    """fp8 at 8 sequences: two nodes (one would not hold the 810 GB of weights)."""
+    plan = decide(snapshot(service(DERIVED), node_list=h100_nodes(3)))
+    assert plan.status["capacity"]["layout"]["nodesPerReplica"] == 2
+    assert plan.status["capacity"]["maxConcurrentSequences"] >= 8
