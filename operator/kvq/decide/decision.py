@@ -304,9 +304,9 @@ def _placed(decision: Decision) -> ConditionUpdate:
     plan = chosen.plan
     message = (
         f"Pool {chosen.pool.name} ({chosen.pool.gpu.product}, compute capability "
-        f"{chosen.pool.gpu.compute_capability_str}) with a {decision.placement.kv_cache_dtype} KV "
-        f"cache: {plan.kv_tokens:,} KV tokens, {plan.max_concurrency:.1f} sequences of "
-        f"{plan.max_model_len:,} tokens per replica."
+        f"{chosen.pool.gpu.compute_capability_str}) with the "
+        f"{decision.placement.kv_cache_dtype} KV cache: {plan.kv_tokens:,} KV tokens, "
+        f"{plan.max_concurrency:.1f} sequences of {plan.max_model_len:,} tokens per replica."
     )
     host = _host_tier(decision)
     if host is not None:

@@ -229,7 +229,7 @@ def _requires(objects: Sequence[Manifest]) -> list[str]:
             f"a replica spans {size} nodes and runs as LeaderWorkerSet "
             f"{group['metadata']['name']}: the cluster must serve {LWS_API_VERSION} (install "
             "LeaderWorkerSet, its controller and CRD; without it the operator applies nothing "
-            "and says so: preview that with --no-leader-worker-set)"
+            "and says so: kvq render --no-leader-worker-set previews that)"
         )
     return found
 
