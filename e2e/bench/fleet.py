@@ -127,9 +127,10 @@ class Results:
     create_to_deployment_at_1000_s: dict[str, float] = field(default_factory=dict)
     seen_create_to_deployment_at_1000_s: dict[str, float] = field(default_factory=dict)
     stages_at_1000_s: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Wave 2 by stage, as the harness's watches saw it: kvq's (created -> Deployment,
-    Deployment available -> Ready) and the cluster's (Deployment -> available), each with
-    when its last service got there (from the wave's start): which one all-Ready waits on."""
+    """The last wave (wave 2, or a GitOps sync's one wave) by stage, as the harness's watches
+    saw it: kvq's (created -> Deployment, Deployment available -> Ready) and the cluster's
+    (Deployment -> available), each with when its last service got there (from the wave's
+    start): which one all-Ready waits on."""
     fallbacks: int = 0
     fallback_s: dict[str, float] = field(default_factory=dict)
     requests_during_waves: float = 0.0
@@ -378,7 +379,9 @@ def _run_waves(kube: Kube, args: argparse.Namespace, results: Results, audit: Pa
     results.seen_create_to_deployment_at_1000_s = _latency(
         timeline.created, timeline.deployed, rest
     )
-    steady = [n for i, n in enumerate(rest) if (i + len(first)) % REJECT_EVERY != REJECT_EVERY - 1]
+    # The last wave by stage: wave 2, or the GitOps sync's single wave.
+    last, offset = (rest, len(first)) if rest else (first, 0)
+    steady = [n for i, n in enumerate(last) if (i + offset) % REJECT_EVERY != REJECT_EVERY - 1]
     results.stages_at_1000_s = _stages(timeline, steady, began)
     rejecting = [n for i, n in enumerate(names) if i % REJECT_EVERY == REJECT_EVERY - 1]
     results.fallbacks = sum(1 for n in rejecting if n in timeline.fell_back)
@@ -693,7 +696,7 @@ def _print(results: Results) -> None:
     ]  # fmt: skip
     for what, stage in results.stages_at_1000_s.items():
         last = f"; the last at {stage['last_s']} s" if "last_s" in stage else ""
-        rows.append((f"  wave 2: {what}", _fmt(stage) + last, "", ""))
+        rows.append((f"  last wave: {what}", _fmt(stage) + last, "", ""))
     work = results.operator_work
     if work:
         rows.append(
