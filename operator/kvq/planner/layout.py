@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvq.api.placement import MAX_PIPELINE  # the deepest pipeline the spec describes
 from kvq.catalog.models import ModelArchitecture
 from kvq.planner.kv import kv_heads_per_gpu, layer_token_bytes
 
@@ -108,10 +109,6 @@ def nodes_per_replica(layout: Layout, gpus_per_node: int) -> int:
     return layout.gpus // gpus_per_node
 
 
-# The deepest pipeline kvq describes (spec.placement.parallelism.pipeline's maximum).
-MAX_STAGES = 16
-
-
 def pipeline_candidates(
     arch: ModelArchitecture, tensor: int, gpus_per_node: int
 ) -> tuple[Layout, ...]:
@@ -120,7 +117,7 @@ def pipeline_candidates(
     place on nodes of `gpus_per_node` GPUs (nodes_per_replica's rule). The first whose
     replica holds the weights and the KV capacity asked for is the derived layout."""
     found = []
-    for pipeline in range(1, min(MAX_STAGES, arch.num_layers) + 1):
+    for pipeline in range(1, min(MAX_PIPELINE, arch.num_layers) + 1):
         layout = Layout(tensor=tensor, pipeline=pipeline)
         try:
             check_layout(arch, layout)
