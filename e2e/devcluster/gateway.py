@@ -24,8 +24,8 @@ from typing import Any
 from e2e.devcluster.addons import apply_all, load_manifests, wait_condition
 from e2e.devcluster.binaries import build_components, cached_binary, cached_manifests
 from e2e.devcluster.cluster import ClusterStartError, ClusterState, launch_component, wait_alive
-from e2e.devcluster.kubeconfig import write_kubeconfig
-from e2e.devcluster.pki import CLIENT_AUTH, Identity, issue_cert
+from e2e.devcluster.kubeconfig import addon_kubeconfig
+from e2e.devcluster.pki import Identity
 from e2e.devcluster.ports import allocate_ports
 from e2e.devcluster.profiles import KWOK_NODE_ANNOTATION
 from e2e.devcluster.rest import Rest, get_ok
@@ -58,13 +58,7 @@ def start_gateway(state: ClusterState, timeout: float) -> dict[str, str]:
     ]
     apply_all(state, load_manifests(crds), logs / "kube-apiserver.log")
 
-    kubeconfig = write_kubeconfig(
-        root / "kubeconfigs" / "traefik.kubeconfig",
-        server=state.server,
-        ca_cert=root / "pki" / "ca.crt",
-        client=issue_cert(root / "pki", "client-traefik", TRAEFIK_IDENTITY, [CLIENT_AUTH], []),
-        user=TRAEFIK_IDENTITY.name,
-    )
+    kubeconfig = addon_kubeconfig(root, state.server, "traefik", TRAEFIK_IDENTITY)
     ports = allocate_ports(["traefik-web", "traefik-ping"])
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     launch_component(state, "traefik", _traefik_args(ports), env)

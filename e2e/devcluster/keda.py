@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from e2e.devcluster.addons import apply_all, load_manifests, wait_condition
 from e2e.devcluster.binaries import build_components, cached_binary, cached_manifests
 from e2e.devcluster.cluster import ClusterState, launch_component, wait_alive
-from e2e.devcluster.kubeconfig import write_kubeconfig
-from e2e.devcluster.pki import CLIENT_AUTH, SERVER_AUTH, Identity, issue_cert
+from e2e.devcluster.kubeconfig import addon_kubeconfig
+from e2e.devcluster.pki import CLIENT_AUTH, SERVER_AUTH, Identity, tls_directory
 from e2e.devcluster.ports import allocate_ports
 from e2e.devcluster.rest import get_ok, tls_context
 
@@ -44,13 +43,7 @@ def start_keda(state: ClusterState, timeout: float) -> dict[str, str]:
     root = Path(state.run_dir)
     logs = root / "logs"
     certs = _write_certs(root)
-    kubeconfig = write_kubeconfig(
-        root / "kubeconfigs" / "keda.kubeconfig",
-        server=state.server,
-        ca_cert=root / "pki" / "ca.crt",
-        client=issue_cert(root / "pki", "client-keda", KEDA_IDENTITY, [CLIENT_AUTH], []),
-        user=KEDA_IDENTITY.name,
-    )
+    kubeconfig = addon_kubeconfig(root, state.server, "keda", KEDA_IDENTITY)
     crds = sorted(cached_manifests("keda-crds", "KEDA_VERSION").glob("*.yaml"))
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     apply_all(state, [*load_manifests(crds), namespace], logs / "kube-apiserver.log")
@@ -86,7 +79,6 @@ def _write_certs(root: Path) -> Path:
     """One serving and client certificate for both processes (as KEDA's own cert rotation
     makes one for both), with every name they are reached by; KEDA reads tls.crt, tls.key
     and ca.crt from one directory."""
-    pki_dir = root / "pki"
     hosts = [
         "localhost",
         "127.0.0.1",
@@ -94,13 +86,7 @@ def _write_certs(root: Path) -> Path:
         f"{METRICS_SERVICE}.{NAMESPACE}.svc",
         f"{METRICS_SERVICE}.{NAMESPACE}.svc.cluster.local",
     ]
-    pair = issue_cert(pki_dir, "keda", Identity("keda"), [SERVER_AUTH, CLIENT_AUTH], hosts)
-    certs = root / "keda-certs"
-    certs.mkdir(exist_ok=True)
-    shutil.copyfile(pair.cert, certs / "tls.crt")
-    shutil.copyfile(pair.key, certs / "tls.key")
-    shutil.copyfile(pki_dir / "ca.crt", certs / "ca.crt")
-    return certs
+    return tls_directory(root, "keda", [SERVER_AUTH, CLIENT_AUTH], hosts)
 
 
 def _operator_args(certs: Path, ports: dict[str, int]) -> list[str]:

@@ -6,7 +6,7 @@ import base64
 from pathlib import Path
 
 import yaml
-from e2e.devcluster.pki import KeyPair
+from e2e.devcluster.pki import CLIENT_AUTH, Identity, KeyPair, issue_cert
 
 
 def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, client: KeyPair, user: str) -> Path:
@@ -40,3 +40,16 @@ def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, client: KeyPair,
 
 def _b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
+
+
+def addon_kubeconfig(run_dir: Path, server: str, stem: str, identity: Identity) -> Path:
+    """An add-on's own client certificate (`client-<stem>`, signed by the cluster's CA) in
+    `kubeconfigs/<stem>.kubeconfig`, so the API server's audit log names the add-on."""
+    pki_dir = run_dir / "pki"
+    return write_kubeconfig(
+        run_dir / "kubeconfigs" / f"{stem}.kubeconfig",
+        server=server,
+        ca_cert=pki_dir / "ca.crt",
+        client=issue_cert(pki_dir, f"client-{stem}", identity, [CLIENT_AUTH], []),
+        user=identity.name,
+    )

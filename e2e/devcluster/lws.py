@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ import yaml
 from e2e.devcluster.addons import apply_all, load_manifests
 from e2e.devcluster.binaries import build_components, cached_binary, cached_manifests
 from e2e.devcluster.cluster import ClusterState, launch_component, wait_alive
-from e2e.devcluster.kubeconfig import write_kubeconfig
-from e2e.devcluster.pki import CLIENT_AUTH, SERVER_AUTH, Identity, issue_cert
+from e2e.devcluster.kubeconfig import addon_kubeconfig
+from e2e.devcluster.pki import SERVER_AUTH, Identity, tls_directory
 from e2e.devcluster.ports import allocate_ports
 from e2e.devcluster.rest import get_ok
 
@@ -44,13 +43,7 @@ def start_lws(state: ClusterState, timeout: float) -> dict[str, str]:
     root = Path(state.run_dir)
     logs = root / "logs"
     certs = _write_certs(root)
-    kubeconfig = write_kubeconfig(
-        root / "kubeconfigs" / "lws.kubeconfig",
-        server=state.server,
-        ca_cert=root / "pki" / "ca.crt",
-        client=issue_cert(root / "pki", "client-lws", LWS_IDENTITY, [CLIENT_AUTH], []),
-        user=LWS_IDENTITY.name,
-    )
+    kubeconfig = addon_kubeconfig(root, state.server, "lws", LWS_IDENTITY)
     chart = cached_manifests("lws-chart", "LWS_VERSION") / "lws"
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     crds = load_manifests(sorted((chart / "crds").glob("*.yaml")))
@@ -80,15 +73,8 @@ def start_lws(state: ClusterState, timeout: float) -> dict[str, str]:
 
 def _write_certs(root: Path) -> Path:
     """The webhook server's certificate (controller-runtime reads tls.crt and tls.key)."""
-    pki_dir = root / "pki"
     hosts = ["localhost", "127.0.0.1", f"lws-webhook-service.{NAMESPACE}.svc"]
-    pair = issue_cert(pki_dir, "lws", Identity("lws"), [SERVER_AUTH], hosts)
-    certs = root / "lws-certs"
-    certs.mkdir(exist_ok=True)
-    shutil.copyfile(pair.cert, certs / "tls.crt")
-    shutil.copyfile(pair.key, certs / "tls.key")
-    shutil.copyfile(pki_dir / "ca.crt", certs / "ca.crt")
-    return certs
+    return tls_directory(root, "lws", [SERVER_AUTH], hosts)
 
 
 def _configuration(certs: Path, ports: dict[str, int]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,3 +209,18 @@ def _write(
     pair.key.write_bytes(_private_pem(key))
     pair.key.chmod(0o600)
     return pair
+
+
+def tls_directory(
+    run_dir: Path, stem: str, usages: list[x509.ObjectIdentifier], hosts: list[str]
+) -> Path:
+    """`<run_dir>/<stem>-certs` holding tls.crt, tls.key and ca.crt, the layout both
+    controller-runtime's webhook server and KEDA read; the certificate names `hosts`."""
+    pki_dir = run_dir / "pki"
+    pair = issue_cert(pki_dir, stem, Identity(stem), usages, hosts)
+    certs = run_dir / f"{stem}-certs"
+    certs.mkdir(exist_ok=True)
+    shutil.copyfile(pair.cert, certs / "tls.crt")
+    shutil.copyfile(pair.key, certs / "tls.key")
+    shutil.copyfile(pki_dir / "ca.crt", certs / "ca.crt")
+    return certs
