@@ -6,10 +6,15 @@ and the fallback says why it no longer fits."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from kvq.cli import app
 from kvq.decide import Plan, decide
 from tests.unit.test_decide import (
     HEAD80_CRASH,
@@ -102,3 +107,69 @@ def test_a_derived_layout_takes_the_fewest_stages_that_hold_the_capacity() -> No
     plan = decide(snapshot(service(DERIVED), node_list=h100_nodes(3)))
     assert plan.status["capacity"]["layout"]["nodesPerReplica"] == 2
     assert plan.status["capacity"]["maxConcurrentSequences"] >= 8
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples/llama-3.1-405b-h100.yaml"
+
+
+@pytest.mark.parametrize(
+    ("sequences", "fp8", "auto"),
+    [
+        # The example: fp8 holds 8 on two nodes, auto needs a third.
+        (8, (8, 2), (8, 3)),
+        # 12 is more than fp8's 11.8 on two nodes: three for fp8 too.
+        (12, (8, 3), (8, 3)),
+        # No capacity asked: the fewest stages that hold the weights (one node does not).
+        (None, (8, 2), (8, 2)),
+    ],
+)
+def test_kvq_plan_shows_the_layout_the_operator_derives(
+    sequences: int | None, fp8: tuple[int, int], auto: tuple[int, int], tmp_path: Path
+) -> None:
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"] |= {"namespace": "team-a", "uid": "uid-1", "generation": 1}
+    if sequences is None:
+        del body["spec"]["capacity"]
+    else:
+        body["spec"]["capacity"]["minConcurrentSequences"] = sequences
+    file = tmp_path / "isvc.yaml"
+    file.write_text(yaml.safe_dump(body))
+
+    # The operator: the requested rung, then the auto rung after the engine refuses fp8.
+    first = decide(snapshot(body, node_list=h100_nodes(3)))
+    second = decide(
+        snapshot(with_status(body, first), node_list=h100_nodes(3), pods=[refused(first)])
+    )
+    ran = [
+        (p.status["capacity"]["layout"]["tensor"], p.status["capacity"]["layout"]["pipeline"])
+        for p in (first, second)
+    ]
+    assert ran == [fp8, auto]
+
+    preview = CliRunner().invoke(app, ["plan", "-f", str(file), "--gpu", "H100", "-o", "json"])
+    assert preview.exit_code == 0, preview.output
+    document = json.loads(preview.output)
+    derived = document["layout"]["derived"]
+    shown = [
+        (derived[d]["tensorParallel"], derived[d]["pipelineParallel"]) for d in ("fp8", "auto")
+    ]
+    assert shown == ran
+    # The table is on the layout the operator starts with (the file's fp8).
+    assert (document["layout"]["tensorParallel"], document["layout"]["pipelineParallel"]) == fp8
+    assert document["dtypes"]["fp8"]["fits"]
+
+    table = CliRunner().invoke(app, ["plan", "-f", str(file), "--gpu", "H100"]).output
+    assert f"fp8: {fp8[1]} nodes (TP 8 x PP {fp8[1]})" in table
+    assert f"auto: {auto[1]} nodes (TP 8 x PP {auto[1]})" in table
+    assert "what a fallback to auto runs" in table
+
+
+def test_kvq_plan_refuses_a_tensor_size_no_pipeline_places_and_keeps_an_option_given() -> None:
+    small = ["plan", "-f", str(EXAMPLE), "--gpu", "H100", "--gpus-per-node", "4"]
+    refused = CliRunner().invoke(app, small)
+    assert refused.exit_code == 2
+    assert "tensor parallel size 8 exceeds the 4 GPUs of one node" in refused.output
+    # --parallelism given: that layout, nothing derived.
+    given = ["plan", "-f", str(EXAMPLE), "--gpu", "H100", "--parallelism", "8x3", "-o", "json"]
+    layout = json.loads(CliRunner().invoke(app, given).output)["layout"]
+    assert (layout["pipelineParallel"], "derived" in layout) == (3, False)

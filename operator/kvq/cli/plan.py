@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from kvq.catalog.gpus import GpuModel
     from kvq.catalog.models import ModelArchitecture
     from kvq.planner import CapacityPlan
+    from kvq.planner.derived_layout import DerivedLayout
     from kvq.planner.layout import Layout
 
 
@@ -29,6 +31,9 @@ class _Asked:
     arch: ModelArchitecture
     layout: Layout
     declared: bool  # a layout given (--parallelism or placement.parallelism): show it
+    derive: bool  # placement.parallelism without pipeline: kvq picks the stages
+    min_concurrency: int | None  # spec.capacity.minConcurrentSequences
+    file_dtype: str  # spec.kvCache.dtype: the rung the operator starts with ("" without a file)
     dtypes: tuple[str, ...]
     gpu_memory_utilization: float
     max_model_len: int | None
@@ -114,7 +119,12 @@ def plan(
         ),
     ] = None,
     gpus_per_node: Annotated[
-        int, typer.Option(min=1, max=8, help="GPUs of one node (with --parallelism)")
+        int,
+        typer.Option(
+            min=1,
+            max=8,
+            help="GPUs of one node (with --parallelism, or a file that leaves the pipeline to kvq)",
+        ),
     ] = 8,
     output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
 ) -> None:
@@ -144,18 +154,13 @@ def plan(
         block_size=block_size,
         swap_space_gib=swap_space_gib,
     )
-    layout, arch = asked.layout, asked.arch
-    nodes = _nodes_or_fail(asked, gpus_per_node)
     if offload_backend not in ("native", "lmcache"):
         fail(f"--offload-backend must be native or lmcache, not {offload_backend!r}")
     capability, tier_engine = _engines(engine_version, asked.engine_version)
-    image = engine_image or f"vllm/vllm-openai:v{tier_engine.version}"
-    model_name = asked.model
-    rows: dict[str, dict[str, Any]] = {}
-    plans: list[CapacityPlan] = []
-    for dtype in asked.dtypes:
-        result = plan_capacity(
-            arch,
+
+    def plan_on(dtype: str, layout: Layout) -> CapacityPlan:
+        return plan_capacity(
+            asked.arch,
             gpu_model,
             dtype,
             tensor_parallel=layout.tensor,
@@ -169,6 +174,16 @@ def plan(
             kv_cache_dtype_skip_layers=asked.kv_cache_dtype_skip_layers,
             memory_profile=tier_engine.memory_profile,
         )
+
+    asked, derived = _derived_layouts(asked, gpus_per_node, plan_on)
+    layout, arch = asked.layout, asked.arch
+    nodes = _nodes_or_fail(asked, gpus_per_node)
+    image = engine_image or f"vllm/vllm-openai:v{tier_engine.version}"
+    model_name = asked.model
+    rows: dict[str, dict[str, Any]] = {}
+    plans: list[CapacityPlan] = []
+    for dtype in asked.dtypes:
+        result = plan_on(dtype, layout)
         plans.append(result)
         row = _plan_row(result)
         if asked.swap_space_gib is not None:
@@ -187,6 +202,10 @@ def plan(
         row |= _accuracy_risks(tier_engine, dtype, gpu_model, arch, names, result)
         rows[dtype] = row
     shape = _layout_document(arch, layout, nodes, gpus_per_node, plans[0])
+    if derived:
+        shape["derived"] = {
+            d: _derived_document(found, gpus_per_node) for d, found in derived.items()
+        }
     if output == "json":
         document = {
             "model": model_name,
@@ -205,6 +224,8 @@ def plan(
         return
     if asked.declared or layout.pipeline > 1:
         _print_layout(model_name, arch, shape)
+    if derived:
+        _print_derived(asked, derived, gpus_per_node)
     _print_plan_table(model_name, gpu_model.product, layout, rows, engine_version)
     if layout.pipeline > 1:
         _print_stages(rows)
@@ -315,9 +336,9 @@ def _overridden(
 
     changes = {name: value for name, value in given.items() if value is not None}
     if parallelism is not None:
-        changes |= {"layout": _layout_or_fail(parallelism), "declared": True}
+        changes |= {"layout": _layout_or_fail(parallelism), "declared": True, "derive": False}
     elif gpus is not None:
-        changes |= {"layout": _layout_of(gpus, 1), "declared": False}
+        changes |= {"layout": _layout_of(gpus, 1), "declared": False, "derive": False}
     if kv_cache_dtype is not None:
         changes["dtypes"] = _dtypes_or_fail(kv_cache_dtype)
     if hybrid_off:
@@ -342,6 +363,9 @@ def _asked_from_model(model: str) -> _Asked:
         arch=arch,
         layout=_layout_of(1, 1),
         declared=False,
+        derive=False,
+        min_concurrency=None,
+        file_dtype="",
         dtypes=tuple(KV_CACHE_DTYPES),
         gpu_memory_utilization=0.90,
         max_model_len=None,
@@ -383,6 +407,9 @@ def _asked_from_file(path: str) -> _Asked:
         arch=arch,
         layout=_layout_of(spec.placement.tensor_parallel, spec.placement.pipeline_parallel),
         declared=spec.placement.parallelism is not None,
+        derive=spec.placement.pipeline_derived,
+        min_concurrency=spec.capacity.min_concurrent_sequences,
+        file_dtype=spec.kv_cache.dtype,
         dtypes=(spec.kv_cache.dtype,),
         gpu_memory_utilization=spec.memory.gpu_memory_utilization,
         max_model_len=spec.memory.max_model_len,
@@ -404,6 +431,82 @@ def _nodes_or_fail(asked: _Asked, gpus_per_node: int) -> int:
         return nodes_per_replica(asked.layout, gpus_per_node)
     except LayoutError as error:
         fail(f"{asked.model}: {error}")
+
+
+def _derived_layouts(
+    asked: _Asked, gpus_per_node: int, plan_on: Callable[[str, Layout], CapacityPlan]
+) -> tuple[_Asked, dict[str, DerivedLayout]]:
+    """The layout the operator derives for each dtype shown and for auto (the rung a
+    fallback runs): planner.derived_layout, the function placement calls on each pool. The
+    table is on the layout of the dtype the operator starts with (the file's). Nothing to
+    derive when the file declares its layout or an option gives one."""
+    from dataclasses import replace
+    from functools import partial
+
+    from kvq.planner.derived_layout import derive_layout
+
+    if not asked.derive:
+        return asked, {}
+
+    first = asked.file_dtype if asked.file_dtype in asked.dtypes else asked.dtypes[0]
+    found = {}
+    for dtype in dict.fromkeys((first, *asked.dtypes, "auto")):
+        derived = derive_layout(
+            asked.arch,
+            asked.layout.tensor,
+            gpus_per_node,
+            partial(plan_on, dtype),
+            asked.min_concurrency,
+        )
+        if derived is None:
+            # Not one layout of this tensor size places on such nodes: refused as vLLM would.
+            _nodes_or_fail(asked, gpus_per_node)
+            fail(
+                f"{asked.model}: no pipeline depth places TP {asked.layout.tensor} on "
+                f"nodes of {gpus_per_node} GPUs"
+            )
+        found[dtype] = derived
+    return replace(asked, layout=found[first].layout), found
+
+
+def _derived_document(found: DerivedLayout, gpus_per_node: int) -> dict[str, Any]:
+    from kvq.planner.layout import nodes_per_replica
+
+    return {
+        "tensorParallel": found.layout.tensor,
+        "pipelineParallel": found.layout.pipeline,
+        "nodes": nodes_per_replica(found.layout, gpus_per_node),
+        "holds": found.holds,
+        "maxConcurrency": round(found.plan.max_concurrency, 2) if found.plan.fits else None,
+    }
+
+
+def _print_derived(asked: _Asked, derived: dict[str, DerivedLayout], gpus_per_node: int) -> None:
+    """The stages kvq picks per dtype, as the operator's placement picks them."""
+    from kvq.planner.layout import describe, nodes_per_replica
+
+    what = "the weights" + (
+        f" and {asked.min_concurrency} sequences of {derived['auto'].plan.max_model_len:,} tokens"
+        if asked.min_concurrency is not None
+        else ""
+    )
+    parts = []
+    for dtype, found in derived.items():
+        shape = describe(found.layout, nodes_per_replica(found.layout, gpus_per_node))
+        if not found.holds:
+            parts.append(f"{dtype}: none holds them, even {shape} (the most stages kvq tries)")
+            continue
+        seqs = f"{found.plan.max_concurrency:.2f} sequences"
+        fallback = ", what a fallback to auto runs" if dtype == "auto" != asked.file_dtype else ""
+        parts.append(f"{dtype}: {shape}, {seqs}{fallback}")
+    print(
+        f"parallelism.pipeline left to kvq: per dtype, the fewest stages on nodes of "
+        f"{gpus_per_node} GPUs (--gpus-per-node) that hold {what}, as the operator picks them "
+        "(it also needs a pod's host memory on one node); the table is on "
+        f"{next(iter(derived))}'s layout:"
+    )
+    for part in parts:
+        print(f"  {part}")
 
 
 def _engines(

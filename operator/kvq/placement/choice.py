@@ -22,7 +22,8 @@ from kvq.placement.discovery import TRANSIENT_TAINT_KEYS, Inventory
 from kvq.placement.pool import NodePool, OwnerKey, Taint, nodes_per_replica
 from kvq.placement.tensor_parallel import layout_problem
 from kvq.planner import CapacityPlan, plan_capacity
-from kvq.planner.layout import pipeline_candidates
+from kvq.planner.derived_layout import derive_layout
+from kvq.planner.layout import Layout
 from kvq.planner.weights import WeightFormat
 
 DEFAULT_BLOCK_SIZE = 16
@@ -253,20 +254,21 @@ def _derived(
     pool: NodePool, request: PoolRequest, capability: EngineCapability, arch: ModelArchitecture
 ) -> PoolRequest:
     """The request with the fewest pipeline stages that hold the weights, the capacity
-    asked for and a pod's memory on this pool (planner.layout.pipeline_candidates); the
-    deepest tried when none does, so the verdict says what is still missing."""
-    laid = request
-    for layout in pipeline_candidates(arch, request.tensor_parallel, pool.gpus_per_node):
-        laid = replace(
-            request,
-            gpus_per_replica=layout.gpus,
-            pipeline_parallel=layout.pipeline,
-        )
-        plan = _plan(pool, laid, capability, arch)
-        enough = request.min_concurrency is None or plan.max_concurrency >= request.min_concurrency
-        if plan.fits and enough and _memory_problem(pool, laid) is None:
-            return laid
-    return laid
+    asked for and a pod's memory on this pool (planner.derived_layout, which kvq plan -f
+    shows too); the deepest tried when none does, so the verdict says what is missing."""
+
+    def laid(layout: Layout) -> PoolRequest:
+        return replace(request, gpus_per_replica=layout.gpus, pipeline_parallel=layout.pipeline)
+
+    derived = derive_layout(
+        arch,
+        request.tensor_parallel,
+        pool.gpus_per_node,
+        lambda layout: _plan(pool, laid(layout), capability, arch),
+        request.min_concurrency,
+        lambda layout: _memory_problem(pool, laid(layout)) is None,
+    )
+    return request if derived is None else laid(derived.layout)
 
 
 def _declared(request: PoolRequest) -> str:
