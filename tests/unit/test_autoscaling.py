@@ -254,3 +254,56 @@ def test_a_multi_node_tier_is_scaled_through_its_leader_worker_set() -> None:
     groups = {o["metadata"]["name"]: o for o in plan.apply if o["kind"] == "LeaderWorkerSet"}
     assert set(groups) == {"llama-group", "llama-bulk-group"}
     assert "replicas" not in groups["llama-bulk-group"]["spec"]  # KEDA's to set
+
+
+DERIVED = {"parallelism": {"tensor": 8}, "pools": ["gpu-h100"]}
+MINE = ("team-a", "llama")
+
+
+@pytest.mark.parametrize(
+    ("placement", "taken", "pool_max", "limited_by"),
+    [
+        # Five free 8-GPU nodes: two groups of two nodes, declared or derived (fp8: PP 2).
+        (TWO_NODES, [], 2, "load"),
+        (DERIVED, [], 2, "load"),
+        # One GPU taken on two nodes: 38 GPUs are free, but a group takes every GPU of each
+        # of its nodes, and three whole nodes hold one group.
+        (DERIVED, [(0, 1, None), (1, 1, None)], 1, "pool"),
+        # The service's own group is room for it.
+        (DERIVED, [(0, 8, MINE), (1, 8, MINE)], 2, "load"),
+    ],
+)
+def test_the_pool_cap_counts_whole_nodes_per_group(
+    placement: dict[str, Any], taken: list[tuple[int, int, Any]], pool_max: int, limited_by: str
+) -> None:
+    from kvq.placement.discovery import GpuPod
+
+    config = OperatorConfig(autoscaling_prometheus=PROMETHEUS)
+    body = isvc_body(
+        model=LLAMA_405B,
+        placement=placement,
+        memory={"maxModelLen": 131072},
+        autoscaling={"maxReplicas": 8},
+    )
+    nodes = h100_nodes(5)
+    pods = [GpuPod(node=nodes[i]["metadata"]["name"], gpus=g, owner=o) for i, g, o in taken]
+    snap = snapshot(body, node_list=nodes, gpu_pods=pods)
+    plan = decide(type(snap)(**{**snap.__dict__, "config": config, "keda": True}))
+    assert plan.status["capacity"]["layout"]["nodesPerReplica"] == 2
+    status = plan.status["autoscaling"]
+    assert (status["poolMaxReplicas"], status["limitedBy"]) == (pool_max, limited_by)
+
+
+def test_a_tier_whose_derived_layout_spans_nodes_is_scaled_through_its_leader_worker_set() -> None:
+    config = OperatorConfig(autoscaling_prometheus=PROMETHEUS)
+    tier = {"name": "bulk", "kvCache": {"dtype": "auto"}, "autoscaling": {"maxReplicas": 2}}
+    body = isvc_body(model=LLAMA_405B, placement=DERIVED, tiers=[tier])
+    snap = snapshot(body, node_list=h100_nodes(4))
+    plan = decide(type(snap)(**{**snap.__dict__, "config": config, "keda": True}))
+    targets = [o["spec"]["scaleTargetRef"] for o in plan.apply if o["kind"] == "ScaledObject"]
+    groups = {o["metadata"]["name"] for o in plan.apply if o["kind"] == "LeaderWorkerSet"}
+    # KEDA scales the group kvq renders, not a Deployment that does not exist.
+    assert {"kind": "LeaderWorkerSet", "name": "llama-bulk-group"} in [
+        {k: t[k] for k in ("kind", "name")} for t in targets
+    ]
+    assert "llama-bulk-group" in groups

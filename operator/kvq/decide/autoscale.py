@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvq.api.autoscaling import AutoscalingTargets
+from kvq.api.resource import InferenceService
 from kvq.api.status import (
     AutoscalingSignals,
     AutoscalingStatus,
@@ -52,12 +53,20 @@ OFFLOADING_NOTE = (
 
 
 def autoscale(
-    snap: Snapshot, verdict: PoolVerdict, tier: TierSpec | None = None
+    snap: Snapshot,
+    verdict: PoolVerdict,
+    tier: TierSpec | None = None,
+    planned: InferenceService | None = None,
 ) -> Autoscaled | None:
     """The autoscaling outcome, or None when the spec asks for none. An extra tier's
     ScaledObject scales the tier's Deployment, or its LeaderWorkerSet when a replica spans
-    nodes (the InferenceService's scale subresource is the default tier's)."""
-    isvc = snap.isvc
+    nodes (the InferenceService's scale subresource is the default tier's).
+
+    `planned`: the service with the layout kvq derived on the verdict's pool (what is
+    rendered); its nodes per replica say which workload KEDA scales. The pool's cap
+    (status.autoscaling.poolMaxReplicas) is the verdict's room, counted per replica in
+    whole nodes of the layout (placement.choice)."""
+    isvc = planned or snap.isvc
     auto = isvc.spec.autoscaling
     if auto is None:
         return None

@@ -185,7 +185,7 @@ def decide_workload(snap: Snapshot, tier: TierSpec | None = None) -> Plan:
         )
     except RenderError as error:
         return _plan(snap, previous, replace(decision, blocked=("RenderFailed", str(error))))
-    scaled = autoscale(snap, chosen, tier)
+    scaled = autoscale(snap, chosen, tier, _as_planned(isvc, placements[position.rung]))
     if scaled is not None and scaled.manifest is not None:
         owned = owned_by(isvc, scaled.manifest)
         rendered = replace(rendered, manifests=(*rendered.manifests, owned))
