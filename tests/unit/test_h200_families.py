@@ -27,16 +27,15 @@ RESULTS = RESULTS_DIR / "2026-12-04-h200.json"
 FP8_RESULTS = RESULTS_DIR / "2026-12-04-h200-fp8.json"
 WARM_RESULTS = RESULTS_DIR / "2026-12-04-h200-gemma-warm.json"
 
-# Planned KV tokens vs vLLM's, in percent, as kvq plans them now. Gemma-3 is outside 1 %:
-# the V2 runner's profile peak (1.99 GiB, planned 0.76) has no rule kvq found yet
-# (planner README, "What is not modelled").
+# Planned KV tokens vs vLLM's, in percent, as kvq plans them now (cold starts, as a kvq pod
+# makes them).
 BOUNDS = {
     "qwen3-next-80b-a3b": 1.0,
     "gpt-oss-20b": 1.0,
     "llama-4-scout-17b-16e": 1.0,
     "deepseek-v2-lite": 0.5,
     "deepseek-v3": 0.5,
-    "gemma-3-12b": 1.5,
+    "gemma-3-12b": 0.5,
 }
 
 
@@ -144,8 +143,33 @@ def test_an_fp8_mla_cache_runs_on_flashmla_without_the_split_accumulators() -> N
     assert plan.block_size == 64
 
 
-def test_gemma3_12b_warm_start_is_within_half_a_percent() -> None:
-    # The cold start's +1.36 % is torch.compile's memory in the V2 runner's profile.
+# Cold starts of Gemma's GELU-tanh MLP on the V2 runner (vLLM 0.26.0, 8,192 batched
+# tokens): Gemma-3 on one fresh machine, Gemma-2-9B on another (held out of the fit).
+COLD_GEMMA = [
+    ("2026-12-04-h200-cold.json", "gemma-3-4b"),
+    ("2026-12-04-h200.json", "gemma-3-12b"),
+    ("2026-12-04-h200-cold.json", "gemma-3-27b"),
+    ("2026-12-04-h200-cold2.json", "gemma-2-9b"),
+]
+
+
+@pytest.mark.parametrize(("results", "shape"), COLD_GEMMA)
+def test_a_cold_gemma_start_peaks_at_the_forward_plus_the_compile_scratch(
+    results: str, shape: str
+) -> None:
+    # vLLM logs 1.33 / 1.99 / 2.79 / 1.82 GiB where the forward alone is 0.51 / 0.76 / 1.07 /
+    # 0.71: the rest is torch.compile's scratch (vllm#54122), 10.5 bytes per token per
+    # intermediate column; without it the plan promised up to 2.6 % more KV (Gemma-3-27B).
+    point = _points(RESULTS_DIR / results)[shape]
+    plan = _plan(point)
+    logged = point["startup"]["peak_activation_gib"]
+    assert plan.activation_bytes / GIB == pytest.approx(logged, abs=0.05), shape
+
+
+def test_a_warm_gemma_restart_gets_the_compile_scratch_back() -> None:
+    # The same Gemma-3-12B command started again with the cold start's compile cache: the
+    # peak is the forward's (0.91 GiB logged), so the plan, made for the cold start, is short
+    # by about the scratch and never above the engine.
     cold, warm = _points()["gemma-3-12b"], _points(WARM_RESULTS)["gemma-3-12b"]
     assert cold["startup"]["kv_tokens"] < warm["startup"]["kv_tokens"]
-    assert abs(_error(warm)) <= 0.5
+    assert -1.5 <= _error(warm) < 0

@@ -279,6 +279,7 @@ def test_spec_architecture_plans_like_the_catalog_row() -> None:
             "vocabSize": 262144,
             "slidingWindow": 512,
             "layerTypes": list(row.layer_kinds),
+            "modelClass": "Gemma3ForCausalLM",
         }
     )
     arch = architecture_from_spec(spec).model_copy(update={"tie_word_embeddings": True})

@@ -249,3 +249,8 @@ class ArchitectureSpec(KubeModel):
     """Width of the shared expert(s), when it differs from an expert's."""
     state: StateSpec | None = None
     """The Mamba / linear-attention state, for mamba and linear_attention layers."""
+    model_class: Annotated[
+        str | None, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    ] = None
+    """vLLM's model class (config.json architectures[0], e.g. Gemma3ForCausalLM): it picks
+    vLLM's model runner and kernels the plan accounts for (Gemma's MLP on a cold start)."""

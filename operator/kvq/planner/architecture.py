@@ -69,8 +69,7 @@ def architecture_from_spec(spec: ArchitectureSpec) -> ModelArchitecture:
             head_v_dim=state.head_v_dim,
             ssm_dtype=state.ssm_dtype,
         ),
-        # vLLM picks its V1 runner for MoE and hybrid models; the class name is not needed.
-        hf_architecture=None,
+        hf_architecture=spec.model_class,
     )
 
 

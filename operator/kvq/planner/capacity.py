@@ -31,6 +31,7 @@ from kvq.planner.overhead import (
     NON_TORCH_BYTES,
     ModelRunner,
     activation_peak_bytes,
+    cold_compile_bytes,
     cuda_total_bytes,
     cudagraph_bytes,
     cudagraph_estimate_bytes,
@@ -275,6 +276,7 @@ def _plan_gpu(
         )
     else:  # the sampler's dummy run is the last stage's
         activation = forward_peak_bytes(arch, tensor_parallel, batched, mla_workspace_rows=mla_rows)
+        activation += cold_compile_bytes(arch, tensor_parallel, batched, runner)
     graphs = cudagraph_bytes(arch, seqs)
     graph_estimate = cudagraph_estimate_bytes(
         arch,
