@@ -286,6 +286,10 @@ def test_one_ranks_fp8_refusal_falls_back_once_for_the_group(
         describe=lambda: f"{conditions(kube, namespace, 'alpha')}\n{operator.log_tail(60)}",
     )
     assert_fell_back_once_to_auto(kube, namespace, operator)
+    # The record names the rank and the pod whose refusal moved the group.
+    (attempt,) = read_isvc(kube, namespace, "alpha")["status"]["fallback"]["attempts"]
+    pod = "alpha-group-0" if index == "0" else f"alpha-group-0-{index}"
+    assert attempt["evidenceFrom"] == f"{'leader' if index == '0' else 'worker 1'} (pod {pod})"
     # The other rank never crashed: its pods ran Ready until LWS recreated the group.
     assert crashed <= {index}, crashed
     pods = engine_pods(kube, namespace, "alpha")

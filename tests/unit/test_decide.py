@@ -974,6 +974,71 @@ def test_a_groups_ranks_fail_once_and_the_refusal_of_any_rank_moves_the_ladder()
     assert conditions(quiet)["Degraded"] == ("False", "Healthy")
 
 
+NCCL_LOST = (
+    "engine exited with code 1\nerror lines:\ntorch.distributed.DistBackendError: NCCL "
+    "error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, remote process "
+    "exited or there was a network error"
+)
+
+
+@pytest.mark.parametrize(
+    ("leader", "worker", "source"),
+    [
+        # The worker refused fp8; the leader lost its peer: the worker's evidence moved it.
+        (NCCL_LOST, HEAD80_CRASH, "worker 1 (pod llama-group-0-1)"),
+        # The leader refused; the worker lost its peer.
+        (HEAD80_CRASH, NCCL_LOST, "leader (pod llama-group-0)"),
+        # Both refused: the leader (first by name) speaks for the group.
+        (HEAD80_CRASH, HEAD80_CRASH, "leader (pod llama-group-0)"),
+    ],
+)
+def test_a_groups_fallback_names_the_rank_and_pod_whose_evidence_moved_it(
+    leader: str, worker: str, source: str
+) -> None:
+    body = isvc(model=LLAMA_405B, placement=TWO_NODES)
+    plan = decide(snapshot(body, node_list=h100_nodes(2)))
+    pods = [
+        group_pod(plan, leader, worker=0, finished="2026-11-30T12:01:02Z"),
+        group_pod(plan, worker, worker=1, finished="2026-11-30T12:01:00Z"),
+    ]
+    fallen = decide(snapshot(with_status(body, plan), node_list=h100_nodes(2), pods=pods))
+    [move] = attempts(fallen)
+    assert (move["cause"], move["evidenceFrom"]) == ("Refused", source)
+    assert "head_size divisible by 32" in move["evidence"]
+    said = f", seen on {source}; falling back to the auto KV cache."
+    assert move["reason"].endswith(said)
+    assert said in message(fallen, "FallbackActive")
+    [event] = [e for e in fallen.events if e.reason == "FallbackRuntime"]
+    assert said in event.message
+
+
+def test_a_single_pods_fallback_names_no_rank() -> None:
+    body = isvc()
+    first = decide(snapshot(body))
+    second = decide(snapshot(with_status(body, first), pods=[crashing_pod(first, HEAD80_CRASH)]))
+    [move] = attempts(second)
+    assert "evidenceFrom" not in move
+    assert "seen on" not in move["reason"]
+
+
+def test_a_groups_repeated_crash_names_the_rank_of_the_last() -> None:
+    body = isvc(model=LLAMA_405B, placement=TWO_NODES)
+    plan = decide(snapshot(body, node_list=h100_nodes(2)))
+    unknown = "engine exited with code 1\ntorch._dynamo.exc.Unsupported: assertion failed"
+    for restart in range(1, 4):
+        finished = f"2026-11-30T12:0{restart}:00Z"
+        pods = [
+            group_pod(plan, NCCL_LOST, worker=0, finished=finished),
+            group_pod(plan, unknown, worker=1, finished=finished),
+        ]
+        plan = decide(snapshot(with_status(body, plan), node_list=h100_nodes(2), pods=pods))
+    [move] = attempts(plan)
+    assert (move["cause"], move["evidenceFrom"]) == ("Suspect", "worker 1 (pod llama-group-0-1)")
+    assert (
+        "(the same crash 3 times), the last on worker 1 (pod llama-group-0-1)." in (move["reason"])
+    )
+
+
 def test_without_leader_worker_set_a_multi_node_service_says_what_to_install() -> None:
     two_nodes = isvc(model=LLAMA_405B, placement=TWO_NODES)
     snap = replace(snapshot(two_nodes, node_list=h100_nodes(2)), leader_worker_sets=False)

@@ -187,6 +187,10 @@ class FallbackAttempt(KubeModel):
     """Why, in one sentence."""
     evidence: Annotated[str, Field(max_length=2048)] = ""
     """Excerpt of the engine's error that triggered the move (credentials redacted)."""
+    evidence_from: Annotated[str, Field(max_length=320)] | None = None
+    """Whose engine the evidence is from when a replica spans nodes: the rank and pod of
+    its group, e.g. `worker 1 (pod llama-group-0-1)` or `leader (pod llama-group-0)`
+    (the group's ranks fail together; the most actionable rank's verdict moves it)."""
     time: str
     """When (RFC 3339)."""
     generation: int

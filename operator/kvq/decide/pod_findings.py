@@ -17,7 +17,7 @@ from kvq.fallback.classifier import Action, Classification, FailureKind, classif
 from kvq.fallback.evidence import evidence_from_pod
 from kvq.fallback.ladder import Rung
 from kvq.fetch.failures import classify_fetch_failure, fetch_failure, fetch_termination_message
-from kvq.render.leaderworkerset import GROUP_INDEX_LABEL, SET_NAME_LABEL
+from kvq.render.leaderworkerset import GROUP_INDEX_LABEL, SET_NAME_LABEL, WORKER_INDEX_LABEL
 from kvq.render.manifests import CONTAINER_NAME as ENGINE_CONTAINER
 
 # Verdicts made without a single word from the engine: worth its log before acting.
@@ -39,6 +39,10 @@ class EngineFindings:
     healthy: bool = False
     """Every current pod is running and ready (and there is at least one)."""
     need_log_tails: tuple[str, ...] = ()
+    source: str = ""
+    """The rank and pod of a multi-node group whose evidence is the failure ("worker 1 (pod
+    llama-group-0-1)", "leader (pod llama-group-0)"); "" for a single-node replica's pod,
+    whose name the evidence already carries."""
 
 
 def current_pods(
@@ -101,7 +105,7 @@ def examine_pods(
     A pod whose termination message is empty (no wrapper output, e.g. the engine was
     OOM-killed mid-line) asks for its previous log's tail before it is judged.
     """
-    found: list[tuple[Classification, str, str]] = []
+    found: list[_Found] = []
     wanted: list[str] = []
     unschedulable: str | None = None
     healthy = bool(pods)
@@ -112,7 +116,7 @@ def examine_pods(
         download = fetch_termination_message(pod)
         if download is not None:
             healthy = False
-            found.append((_download_failure(download), _group_of(pod), "fetch"))
+            found.append(_Found(_download_failure(download), _group_of(pod), "fetch", _rank(pod)))
             continue
         evidence = evidence_from_pod(pod, log_tail=log_tails.get(name))
         if evidence is None:
@@ -126,33 +130,52 @@ def examine_pods(
         if verdict.kind is FailureKind.UNSCHEDULABLE:
             unschedulable = evidence.unschedulable_message or "no node fits"
         stamp = evidence.finished_at.isoformat() if evidence.finished_at else "?"
-        found.append((verdict, _group_of(pod), stamp))
+        found.append(_Found(verdict, _group_of(pod), stamp, _rank(pod)))
     if not found:
         return EngineFindings(
             unschedulable=unschedulable, healthy=healthy, need_log_tails=tuple(wanted)
         )
     groups = _per_group(found)
-    worst = min(groups, key=lambda f: _RANK[f[0].action])[0]
-    same = tuple(stamp for verdict, stamp in groups if verdict.signature == worst.signature)
-    return EngineFindings(worst, same, unschedulable, False, tuple(wanted))
+    worst = min(groups, key=lambda f: _RANK[f.verdict.action])
+    same = tuple(f.stamp for f in groups if f.verdict.signature == worst.verdict.signature)
+    return EngineFindings(worst.verdict, same, unschedulable, False, tuple(wanted), worst.source)
 
 
-def _per_group(
-    found: Sequence[tuple[Classification, str, str]],
-) -> list[tuple[Classification, str]]:
+@dataclass(frozen=True)
+class _Found:
+    """One pod's verdict: its failure unit, its termination's time and its rank."""
+
+    verdict: Classification
+    unit: str
+    stamp: str
+    source: str
+
+
+def _per_group(found: Sequence[_Found]) -> list[_Found]:
     """One verdict and one termination per failure unit: a group's ranks fail together (a
     worker's refusal takes the leader down with a lost connection), so the group's most
-    actionable verdict speaks for it, and its failure counts once, at its first
-    termination (`group@finishedAt`; a single pod's is `pod@finishedAt`)."""
-    units: dict[str, list[tuple[Classification, str]]] = {}
-    for verdict, unit, stamp in found:
-        units.setdefault(unit, []).append((verdict, stamp))
+    actionable verdict speaks for it (with the rank that gave it), and its failure counts
+    once, at its first termination (`group@finishedAt`; a single pod's is `pod@finishedAt`)."""
+    units: dict[str, list[_Found]] = {}
+    for one in found:
+        units.setdefault(one.unit, []).append(one)
     out = []
     for unit, seen in units.items():
-        verdict = min(seen, key=lambda f: _RANK[f[0].action])[0]
-        first = min(stamp for _, stamp in seen)
-        out.append((verdict, f"{unit}@{first}"))
+        speaks = min(seen, key=lambda f: _RANK[f.verdict.action])
+        first = min(f.stamp for f in seen)
+        out.append(_Found(speaks.verdict, unit, f"{unit}@{first}", speaks.source))
     return out
+
+
+def _rank(pod: Mapping[str, Any]) -> str:
+    """`worker 1 (pod NAME)` or `leader (pod NAME)` for a pod of a multi-node group (LWS's
+    worker-index label: 0 is the leader); "" for any other pod."""
+    meta = pod.get("metadata") or {}
+    index = (meta.get("labels") or {}).get(WORKER_INDEX_LABEL)
+    if index is None:
+        return ""
+    rank = "leader" if str(index) == "0" else f"worker {index}"
+    return f"{rank} (pod {meta.get('name')})"
 
 
 def tally_failures(

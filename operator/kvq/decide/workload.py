@@ -342,13 +342,19 @@ def _runtime_verdict(
     failure = findings.failure
     if failure is None or not snap.isvc.spec.fallback.enabled:
         return None
+    # A group's ranks fail together: say which rank's evidence this is.
+    seen = f", seen on {findings.source}" if findings.source else ""
     if failure.action is Action.FALLBACK:
-        return RuntimeVerdict("Refused", failure.reason, failure.excerpt)
+        reason = f"{failure.reason.rstrip(' .')}{seen}." if seen else failure.reason
+        return RuntimeVerdict("Refused", reason, failure.excerpt, source=findings.source)
     repeats = snap.config.ladder.suspect_repeats
     count = getattr(tally, "count", 0)
     if failure.action is Action.FALLBACK_AFTER_REPEATS and count >= repeats:
-        reason = f"{failure.reason.rstrip('.')} (the same crash {count} times)."
-        return RuntimeVerdict("Suspect", reason, failure.excerpt, failure.signature)
+        last = f", the last on {findings.source}" if seen else ""
+        reason = f"{failure.reason.rstrip('.')} (the same crash {count} times){last}."
+        return RuntimeVerdict(
+            "Suspect", reason, failure.excerpt, failure.signature, source=findings.source
+        )
     return None
 
 

@@ -84,6 +84,9 @@ class RuntimeVerdict:
     evidence: str = ""
     signature: str = ""
     """Suspect: the crash's signature (normalised root-cause line)."""
+    source: str = ""
+    """The rank and pod of a multi-node group whose evidence it is ("worker 1 (pod
+    NAME)"); "" for a single-node replica."""
 
 
 @dataclass(frozen=True)
@@ -300,6 +303,7 @@ def _runtime_move(
         evidence=verdict.evidence,
         due=due,
         signature=verdict.signature if verdict.cause == "Suspect" else None,
+        evidence_from=verdict.source or None,
     )
 
 
@@ -437,6 +441,7 @@ def _attempt(
     evidence: str = "",
     due: datetime | None = None,
     signature: str | None = None,
+    evidence_from: str | None = None,
 ) -> FallbackAttempt:
     return FallbackAttempt.model_validate(
         {
@@ -451,6 +456,7 @@ def _attempt(
             "pool": inp.states[from_rung].pool,
             "retryAfter": rfc3339(due) if due else None,
             "signature": signature,
+            "evidenceFrom": evidence_from,
         }
     )
 
