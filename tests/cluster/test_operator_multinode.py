@@ -53,13 +53,15 @@ pytestmark = pytest.mark.cluster
 POOL = "lws-h200"
 NODES = 3
 TIMEOUT = 120
+ZONE = "topology.kubernetes.io/zone"
 LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 
 
 @contextmanager
-def h200_nodes(kube: Kube, count: int) -> Iterator[list[str]]:
+def h200_nodes(kube: Kube, count: int, zones: list[str] | None = None) -> Iterator[list[str]]:
     """`count` KWOK nodes of the hetero profile's p5e.48xlarge (8 H200 each) in a Karpenter
-    node pool of their own, so no other test's pods share them."""
+    node pool of their own, so no other test's pods share them (in `zones`, node by node,
+    when given)."""
     [base] = [
         n
         for n in node_manifests(load_profile("hetero"))
@@ -71,6 +73,8 @@ def h200_nodes(kube: Kube, count: int) -> Iterator[list[str]]:
         node["metadata"]["name"] = name
         node["metadata"]["labels"]["kubernetes.io/hostname"] = name
         node["metadata"]["labels"]["karpenter.sh/nodepool"] = POOL
+        if zones is not None:
+            node["metadata"]["labels"][ZONE] = zones[names.index(name)]
         apply_object(kube, node)
 
     def ready() -> bool:
@@ -194,6 +198,33 @@ def test_a_two_node_group_is_placed_whole_claims_its_nodes_and_is_cleaned_up(
         describe=lambda: f"{conditions(kube, namespace, second)}\n{operator.log_tail(200)}",
     )
     assert groups(kube, namespace) == [f"{second}-group"]
+
+
+def test_a_group_prefers_one_zone_where_the_nodes_name_theirs(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    """Two zones of two nodes each, interleaved by name: the group's rendered preferred
+    podAffinity (matchLabelKeys: its group-key) passes the API server and LWS's webhook,
+    and the scheduler puts the worker in its leader's zone."""
+    with h200_nodes(kube, 4, zones=["zone-a", "zone-b", "zone-a", "zone-b"]):
+        create_isvc(kube, namespace, two_node_service("alpha"))
+        wait_until(
+            lambda: is_(kube, namespace, "alpha", "Ready", "True"),
+            what="alpha Ready on two nodes",
+            timeout=TIMEOUT,
+            describe=lambda: f"{conditions(kube, namespace, 'alpha')}\n{operator.log_tail(60)}",
+        )
+        pods = engine_pods(kube, namespace, "alpha")
+        zones = {kube.core.read_node(p.spec.node_name).metadata.labels[ZONE] for p in pods}
+        assert len(pods) == 2 and len(zones) == 1, zones
+        for pod in pods:
+            [term] = (
+                pod.spec.affinity.pod_affinity.preferred_during_scheduling_ignored_during_execution
+            )
+            assert term.pod_affinity_term.topology_key == ZONE
+            assert term.pod_affinity_term.match_label_keys == [
+                "leaderworkerset.sigs.k8s.io/group-key"
+            ]
 
 
 # The KWOK stages crash-loop a pod whose engine command renders this KV-cache dtype, with

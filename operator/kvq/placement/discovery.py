@@ -17,6 +17,7 @@ from kvq.catalog.gpus import GpuCatalog, GpuModel
 from kvq.placement.claims import GpuClaim, claimed_by_pool
 from kvq.placement.gpu_requests import gpus_of, whole_number
 from kvq.placement.pool import GpuNode, NodePool, OwnerKey, Taint, TaintEffect
+from kvq.placement.topology import TOPOLOGY_KEYS
 
 # Pool label keys in the order they are tried: the node's autoscaler or cloud pool.
 DEFAULT_POOL_LABELS: tuple[str, ...] = (
@@ -258,7 +259,9 @@ def _used(node: GpuNode, used: Mapping[OwnerKey | None, int] | None) -> GpuNode:
     # Built directly, not by dataclasses.replace: a fleet's decision does this per node.
     if used is None:
         return node
-    return GpuNode(node.name, node.allocatable, node.ready, node.taints, dict(used), node.memory)
+    return GpuNode(
+        node.name, node.allocatable, node.ready, node.taints, dict(used), node.memory, node.domains
+    )
 
 
 def node_fingerprint(
@@ -359,6 +362,7 @@ def _read_node(
             taints=_interned(frozenset(_taints(spec.get("taints") or []))),
             used=dict(usage.get(name, {})),
             memory=_memory_bytes((status.get("allocatable") or {}).get("memory")),
+            domains={k: labels[k] for k in TOPOLOGY_KEYS if k in labels},
         ),
         labels=labels,
     )

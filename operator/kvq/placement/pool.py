@@ -38,6 +38,8 @@ class GpuNode:
     """GPUs requested by pods bound to the node, by owning InferenceService (None: others)."""
     memory: int = 0
     """Allocatable memory in bytes (status.allocatable.memory; 0: not reported)."""
+    domains: Mapping[str, str] = field(default_factory=dict)
+    """The node's topology labels (placement.topology.TOPOLOGY_KEYS) it carries."""
 
     @cached_property
     def taken(self) -> int:

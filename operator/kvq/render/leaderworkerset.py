@@ -45,6 +45,11 @@ WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 # The LeaderWorkerSet and the group a pod belongs to (set by LWS's pod webhook).
 SET_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+# One value per group, on every pod of it (LWS v0.9.0: pkg/webhooks/pod_webhook.go sets it on
+# the leader, pkg/controllers/pod_controller.go copies it to the workers' StatefulSet).
+GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
+# How strongly a group's pods prefer one topology domain (the scheduler's weights: 1-100).
+TOPOLOGY_WEIGHT = 100
 # vLLM's first version with --nnodes/--node-rank/--master-addr for its multiprocessing backend.
 MULTINODE_MP_SINCE = (0, 12)
 GPU = "nvidia.com/gpu"
@@ -61,9 +66,19 @@ def group_name(workload: str) -> str:
 
 
 def leader_worker_set(
-    deployment: dict[str, Any], layout: Layout, nodes: int, engine_version: str
+    deployment: dict[str, Any],
+    layout: Layout,
+    nodes: int,
+    engine_version: str,
+    topology_key: str | None = None,
 ) -> dict[str, Any]:
-    """The Deployment's replicas as groups of `nodes` pods running one engine each."""
+    """The Deployment's replicas as groups of `nodes` pods running one engine each.
+
+    `topology_key` (placement.topology): each pod prefers the domain of that node label
+    where the other pods of its group run (a preferred podAffinity whose matchLabelKeys
+    takes the pod's own group-key label: Kubernetes 1.33+, MatchLabelKeysInPodAffinity).
+    LWS's exclusive-topology annotation is not used: it requires the domain (and one group
+    per domain), where kvq only prefers it."""
     if _version(engine_version) < MULTINODE_MP_SINCE:
         raise LeaderWorkerSetError(
             f"vLLM {engine_version} launches across nodes only with Ray; kvq renders vLLM's"
@@ -78,6 +93,9 @@ def leader_worker_set(
         template, layout, nodes, {**group, "--node-rank": "$(LWS_WORKER_INDEX)"}, headless=True
     )
     meta = deployment["metadata"]
+    if topology_key is not None:
+        for pod in (leader, worker):
+            _prefer_domain(pod, group_name(meta["name"]), topology_key)
     return {
         "apiVersion": API_VERSION,
         "kind": "LeaderWorkerSet",
@@ -125,6 +143,20 @@ def _pod(
             engine.pop(probe, None)
         engine.pop("ports", None)
     return dict(pod)
+
+
+def _prefer_domain(pod: dict[str, Any], group_set: str, topology_key: str) -> None:
+    """Add the preferred term beside any affinity the spec gives."""
+    term = {
+        "weight": TOPOLOGY_WEIGHT,
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": {SET_NAME_LABEL: group_set}},
+            "matchLabelKeys": [GROUP_KEY_LABEL],
+            "topologyKey": topology_key,
+        },
+    }
+    affinity = pod["spec"].setdefault("affinity", {}).setdefault("podAffinity", {})
+    affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(term)
 
 
 def _headless(command: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ from kvq.api.resource import InferenceService
 from kvq.api.tiers import TierSpec
 from kvq.placement.choice import GPU_TAINT_KEYS
 from kvq.placement.pool import NodePool, nodes_per_replica
+from kvq.placement.topology import group_topology_key
 from kvq.planner.layout import Layout
 from kvq.render.args import ENGINE_PORT, WRAPPER_DIR, WRAPPER_FILE, container_command
 from kvq.render.leaderworkerset import LeaderWorkerSetError, leader_service, leader_worker_set
@@ -136,7 +137,13 @@ def render_manifests(
         placement = isvc.spec.placement
         layout = Layout(placement.tensor_parallel, placement.pipeline_parallel)
         try:
-            group = leader_worker_set(deployment, layout, nodes, effective.engine_version)
+            group = leader_worker_set(
+                deployment,
+                layout,
+                nodes,
+                effective.engine_version,
+                group_topology_key(pool, nodes),
+            )
         except LeaderWorkerSetError as error:
             raise RenderError(str(error)) from None
         if replicas_owned_elsewhere:
