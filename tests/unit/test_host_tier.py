@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvq.catalog.engines import DEFAULT_IMAGE, load_engine_catalog
 from kvq.catalog.gpus import load_gpu_catalog
 from kvq.catalog.models import load_model_catalog
+from kvq.decide import decide
 from kvq.planner import CapacityPlan, plan_capacity
 from kvq.planner.host_tier import (
     cpu_tier_verdict,
     host_tier_figures,
     plan_host_tier,
 )
+from tests.unit.test_decide import h100_nodes, isvc, message, snapshot
 
 ENGINES = load_engine_catalog()
 GIB = 2**30
@@ -127,3 +131,35 @@ def test_plan_json_figures_and_refusals() -> None:
     )
     assert swap is not None and swap["mode"] == "swap" and swap["gibPerGpu"] == 4.0
     assert "only the V0 engine swaps" in str(swap["note"])
+
+
+@pytest.mark.parametrize(
+    ("placement", "nodes", "size"),
+    [
+        # One node, TP 8: 16 GiB per GPU is 128 GiB for the engine.
+        ({"gpusPerReplica": 8}, 1, "128"),
+        # Two nodes, TP 8 x PP 2: vLLM divides by the world size, pipeline ranks too.
+        ({"parallelism": {"tensor": 8, "pipeline": 2}}, 2, "256"),
+    ],
+)
+def test_the_cpu_tier_said_is_the_size_rendered_over_every_rank(
+    placement: dict[str, Any], nodes: int, size: str
+) -> None:
+    """vLLM 0.26.0 CPUOffloadingSpec: num_blocks = size // (worker block bytes x world size),
+    world size = TP x PP: status says the bytes the engine is given, and the tokens of
+    16 GiB per GPU, whatever the layout."""
+    body = isvc(
+        model={"uri": "hf://meta-llama/Llama-3.1-70B-Instruct"},
+        engine={"image": "vllm/vllm-openai:v0.26.0"},
+        placement={**placement, "pools": ["gpu-h100"]},
+        memory={"maxModelLen": 8192, "swapSpaceGiB": 16},
+    )
+    plan = decide(snapshot(body, node_list=h100_nodes(2)))
+    kinds = {o["kind"]: o for o in plan.apply}
+    if nodes == 1:
+        pod = kinds["Deployment"]["spec"]["template"]
+    else:
+        pod = kinds["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[command.index("--kv-offloading-size") + 1] == size
+    assert f"in {float(size):.1f} GiB of host memory" in message(plan, "Placed")

@@ -7,13 +7,23 @@ mechanisms, by engine version (catalog `kv_cpu_tier`):
   host memory; when the GPU cache runs short the scheduler swaps a preempted sequence's
   blocks out and back in. Unset means the engine's default, 4 GiB per GPU.
 - offload (V1, vLLM 0.12+): blocks written on the GPU are also kept in host memory
-  (`--kv-offloading-size`, GiB in total over the TP ranks); a request whose prefix was
+  (`--kv-offloading-size`, GiB in total over every rank of the replica, TP x PP); a
+  request whose prefix was
   evicted from the GPU loads it from there instead of recomputing it. Unset means none.
 
 Either way the host copy is the GPU cache's bytes as they are (same dtype, same blocks),
-so its capacity in tokens is its bytes over the GPU's block bytes (vLLM 0.14+
-`CPUOffloadingSpec`: num_blocks = cpu_bytes // (page bytes x layers x world size); V0:
-num_cpu_blocks = swap bytes // cache block bytes, per worker).
+so its capacity in tokens is its bytes over the GPU's block bytes (V0: num_cpu_blocks =
+swap bytes // cache block bytes, per worker). Offload, vLLM 0.26.0's source:
+vllm/config/vllm.py `VllmConfig._post_init_kv_transfer_config` makes the size
+`cpu_bytes_to_use` (GiB x 2**30, one figure for the whole engine);
+vllm/v1/kv_offload/cpu/spec.py `CPUOffloadingSpec.__init__` takes num_blocks =
+cpu_bytes_to_use // (worker_kv_bytes_per_block x world_size x blocks_per_chunk, aligned),
+where world_size is vllm/config/parallel.py `ParallelConfig.__post_init__`'s PP x TP x PCP
+(pipeline ranks count) and worker_kv_bytes_per_block is the first worker's (the
+scheduler's KV config is worker 0's: vllm/v1/core/kv_cache_utils.py
+`generate_scheduler_kv_cache_config`), i.e. the first pipeline stage's. Each rank then
+holds about a world-size share. (CacheConfig's docstring says "summed across all TP
+ranks"; the division is by the whole world size.)
 """
 
 from __future__ import annotations
@@ -58,7 +68,7 @@ class HostTierPlan:
 
     @property
     def offload_gib_total(self) -> float:
-        """--kv-offloading-size: the total over the TP ranks."""
+        """--kv-offloading-size: the total over every rank (TP x PP)."""
         return self.bytes / GIB
 
 
@@ -100,10 +110,15 @@ def plan_host_tier(
     if not verdict.ok or verdict.mode == "none":
         raise ValueError(f"no CPU tier to plan: {verdict.reason}")
     gib = host_tier_gib_per_gpu(verdict.mode, swap_space_gib)
-    tp = capacity.tensor_parallel
-    total = int(gib * GIB * tp)
-    # A block spans every rank: each holds its share (its KV heads) of every block.
-    blocks = total // (capacity.block_bytes_per_gpu * tp) if capacity.block_bytes_per_gpu else 0
+    # vLLM divides the size by the world size, pipeline ranks too (module docstring).
+    world = capacity.tensor_parallel * capacity.pipeline_parallel
+    total = int(gib * GIB * world)
+    # A block spans every rank: each holds its share (its KV heads) of every block; vLLM
+    # sizes it by the first worker's, the first pipeline stage's.
+    first = (
+        capacity.stages[0].block_bytes_per_gpu if capacity.stages else capacity.block_bytes_per_gpu
+    )
+    blocks = total // (first * world) if first else 0
     return HostTierPlan(
         mode=verdict.mode,
         gib_per_gpu=gib,
