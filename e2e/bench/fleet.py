@@ -597,9 +597,8 @@ def _operator_work(text: str) -> dict[str, float]:
     return {
         "reconciles": _sample(text, "kvq_reconciles_total"),
         "queue_wait_mean_s": mean("kvq_queue_wait_seconds"),
-        "admission_wait_mean_s": mean("kvq_admission_wait_seconds"),
         "decision_mean_ms": mean("kvq_decision_seconds", 1000),
-        "carry_out_mean_s": mean("kvq_carry_out_seconds"),
+        "work_mean_s": mean("kvq_work_seconds"),
         **{
             f"write_wait_mean_s_urgency_{u}": mean("kvq_write_wait_seconds", urgency=str(u))
             for u in range(3)
@@ -703,9 +702,9 @@ def _print(results: Results) -> None:
             (
                 "operator during the waves",
                 f"{work['reconciles']:.0f} reconciles, {work['writes']:.0f} writes; means: "
-                f"change to pass {work['queue_wait_mean_s']} s (waiting for a worker "
-                f"{work['admission_wait_mean_s']} s), decide {work['decision_mean_ms']} ms, "
-                f"carry out {work['carry_out_mean_s']} s, a write's wait for a writer "
+                f"in the queue {work['queue_wait_mean_s']} s, a pass "
+                f"{work['work_mean_s']} s (decide {work['decision_mean_ms']} ms), "
+                f"a write's wait for a writer "
                 f"{work['write_wait_mean_s_urgency_0']}/{work['write_wait_mean_s_urgency_1']}/"
                 f"{work['write_wait_mean_s_urgency_2']} s (crash/change/routine)",
                 "",

@@ -6,7 +6,7 @@ or a dashboard can prove that a reconcile with nothing changed writes nothing.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECONCILES = Counter(
     "kvq_reconciles",
@@ -40,22 +40,21 @@ READS = Counter(
 _SLOW_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 QUEUE_WAIT_SECONDS = Histogram(
     "kvq_queue_wait_seconds",
-    "Time from a change to the start of the reconcile it asked for.",
+    "Time a service waited in the reconcile queue for a worker (from the change that queued it).",
     buckets=_SLOW_BUCKETS,
 )
-ADMISSION_WAIT_SECONDS = Histogram(
-    "kvq_admission_wait_seconds",
-    "Time a pass waited for a worker to decide it (after its service's previous pass).",
-    buckets=_SLOW_BUCKETS,
+QUEUE_DEPTH = Gauge(
+    "kvq_queue_depth",
+    "Services waiting in the reconcile queue for a worker.",
 )
-CARRY_OUT_SECONDS = Histogram(
-    "kvq_carry_out_seconds",
-    "Time a pass took to carry its plan out (its writes, queued by urgency, and status).",
+WORK_SECONDS = Histogram(
+    "kvq_work_seconds",
+    "Time one pass held its worker: read, decide and its writes.",
     buckets=_SLOW_BUCKETS,
 )
 WRITE_WAIT_SECONDS = Histogram(
     "kvq_write_wait_seconds",
-    "Time a write waited for one of the executor's writers, by urgency (0 most urgent).",
+    "Time a write waited for a writer (and the write rate limit), by urgency (0 most urgent).",
     ["urgency"],
     buckets=_SLOW_BUCKETS,
 )

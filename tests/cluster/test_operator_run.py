@@ -17,7 +17,6 @@ from e2e.devcluster.waits import wait_for_deletion, wait_until
 
 from kvq.api import keys
 from kvq.api.keys import GROUP, PLURAL, VERSION
-from kvq.handlers.controller import COALESCE_SECONDS
 from tests.cluster.operator_support import (
     OperatorProcess,
     create_isvc,
@@ -32,6 +31,9 @@ pytestmark = pytest.mark.cluster
 NAME = "llama"
 READY_TIMEOUT = 120
 MANAGED = f"{keys.LABEL_MANAGED_BY}={keys.MANAGED_BY_VALUE}"
+
+# No pass for this long: the operator has settled (a retry comes within a second or two).
+QUIET_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +117,7 @@ def settle(operator: OperatorProcess) -> float:
     """Wait until the operator has nothing left to do (no reconcile for a while: every
     pass it made was for a change it saw), and return its reconcile count."""
     seen: list[float] = []
-    # Quiet for longer than a routine pass waits for more events before it runs.
-    samples = int((COALESCE_SECONDS + 1.0) / 0.5) + 1
+    samples = int(QUIET_S / 0.5) + 1
 
     def quiet() -> bool:
         seen.append(operator.sample("kvq_reconciles_total", result="ok"))

@@ -34,7 +34,6 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from kvq.api.keys import FIELD_MANAGER
-from kvq.handlers.controller import COALESCE_SECONDS
 from kvq.k8s.apply import server_side_apply
 from tests.cluster.operator_support import (
     OperatorProcess,
@@ -61,6 +60,9 @@ KINDS = (
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
     ("inference.networking.k8s.io/v1", "InferencePool"),
 )
+
+# No pass for this long: the operator has settled (a retry comes within a second or two).
+QUIET_S = 3.0
 
 
 def example(name: str) -> dict[str, Any]:
@@ -199,7 +201,7 @@ def differences(left: Any, right: Any, path: str = "") -> list[str]:
 def settle(operator: OperatorProcess) -> None:
     """Until the operator makes no more passes (the first one's follow-ups included)."""
     seen: list[float] = []
-    samples = int((COALESCE_SECONDS + 1.0) / 0.5) + 1
+    samples = int(QUIET_S / 0.5) + 1
 
     def quiet() -> bool:
         seen.append(operator.sample("kvq_reconciles_total"))

@@ -24,6 +24,8 @@ CHART_FLAGS = (
     "--standalone",
     "--resync",
     "--workers",
+    "--qps",
+    "--burst",
     "--grace",
     "--suspect-restarts",
     "--retry-after",

@@ -20,14 +20,14 @@ from kvq.api import keys
 from kvq.api.validation import Violation
 from kvq.cli import app
 from kvq.decide.invalid import invalid_status
-from kvq.handlers.controller import DEFAULT_WORKERS, Controller, PassResult
+from kvq.handlers.controller import DEFAULT_WORKERS, Controller, PassResult, Service
 from kvq.handlers.indices import by_inference_service
 from kvq.handlers.operator import on_pod_event
-from kvq.handlers.slots import Priority
+from kvq.handlers.workqueue import Priority
 from kvq.k8s.apply import holds
 from kvq.k8s.status_writer import without_nulls
 from kvq.metrics import count_event
-from tests.unit.test_slots import until
+from tests.unit.waiting import until
 
 LIVE: dict[str, Any] = {
     "apiVersion": "apps/v1",
@@ -220,16 +220,29 @@ def _gpu_node(name: str, pool: str, ready: bool = True, heartbeat: str = "t0") -
     }  # fmt: skip
 
 
+def _served(controller: Controller, key: tuple[str, str]) -> None:
+    """`key` served (its daemon runs), without workers: what is queued stays queued."""
+
+    async def carry_out(_: None, urgency: int) -> PassResult:
+        return PassResult()
+
+    controller._services[key] = Service("", lambda: None, lambda observed: observed, carry_out)
+
+
 def _woken(controller: Controller, keys_: list[tuple[str, str]]) -> set[tuple[str, str]]:
-    events = {key: controller._signals[key] for key in keys_}
-    return {key for key, event in events.items() if event.is_set()}
+    return {key for key in keys_ if controller.queue.queued(key) is not None}
+
+
+def _clear(controller: Controller) -> None:
+    for key in list(controller._services):
+        controller.queue.remove(key)
 
 
 def _controller() -> tuple[Controller, list[tuple[str, str]]]:
     controller = Controller(pool_labels=("karpenter.sh/nodepool",))
     services = [("a", "on-h100"), ("a", "on-l4"), ("a", "waiting")]
     for key in services:
-        controller._signals[key] = asyncio.Event()
+        _served(controller, key)
     controller._remember(("a", "on-h100"), PassResult(pool="gpu-h100"))
     controller._remember(("a", "on-l4"), PassResult(pool="gpu-l4"))
     controller._remember(("a", "waiting"), PassResult(pool=None, watches_capacity=True))
@@ -239,8 +252,7 @@ def _controller() -> tuple[Controller, list[tuple[str, str]]]:
 def test_a_node_heartbeat_wakes_nobody_and_a_readiness_change_wakes_its_pool() -> None:
     controller, services = _controller()
     controller.node_changed("n1", _gpu_node("n1", "gpu-h100"))
-    for event in controller._signals.values():
-        event.clear()
+    _clear(controller)
     controller.node_changed("n1", _gpu_node("n1", "gpu-h100", heartbeat="t1"))
     assert _woken(controller, services) == set()
     controller.node_changed("n1", _gpu_node("n1", "gpu-h100", ready=False))
@@ -250,8 +262,7 @@ def test_a_node_heartbeat_wakes_nobody_and_a_readiness_change_wakes_its_pool() -
 def test_gpus_taken_on_a_pool_wake_only_the_services_waiting_for_capacity() -> None:
     controller, services = _controller()
     controller.node_changed("n2", _gpu_node("n2", "gpu-l4"))
-    for event in controller._signals.values():
-        event.clear()
+    _clear(controller)
     pod = {
         "metadata": {"namespace": "b", "labels": {}},
         "spec": {
@@ -264,8 +275,7 @@ def test_gpus_taken_on_a_pool_wake_only_the_services_waiting_for_capacity() -> N
     # Not the services placed on that pool: they stay where they are (their own pods'
     # events wake them), and waking them all on every pod makes a rollout quadratic.
     assert _woken(controller, services) == {("a", "waiting")}
-    for event in controller._signals.values():
-        event.clear()
+    _clear(controller)
     controller.pod_changed("pod-uid", pod)  # the same pod again: nothing new
     assert _woken(controller, services) == set()
 
@@ -273,12 +283,11 @@ def test_gpus_taken_on_a_pool_wake_only_the_services_waiting_for_capacity() -> N
 def test_a_fallback_waits_for_nodes_not_for_every_pod() -> None:
     controller, services = _controller()
     refused = ("a", "refused")
-    controller._signals[refused] = asyncio.Event()
+    _served(controller, refused)
     controller._remember(refused, PassResult(pool="gpu-l4", watches_nodes=True))
     controller.node_changed("n3", _gpu_node("n3", "gpu-h100"))
     assert refused in _woken(controller, [*services, refused])  # a pool it may move back to
-    for event in controller._signals.values():
-        event.clear()
+    _clear(controller)
     pod = {
         "metadata": {"namespace": "b", "labels": {}},
         "spec": {
@@ -294,21 +303,19 @@ def test_a_fallback_waits_for_nodes_not_for_every_pod() -> None:
 def test_kvq_reading_its_own_status_write_back_wakes_nobody() -> None:
     controller = Controller()
     key = ("a", "llama")
-    controller._signals[key] = asyncio.Event()
+    _served(controller, key)
     body: dict[str, Any] = {"metadata": {"generation": 1, "labels": {"team": "a"}}}
     controller.isvc_changed(key, body)
-    assert controller._signals[key].is_set() and controller._priority[key] == Priority.CHANGE
-    controller._signals[key].clear()
-    controller._priority.clear()
+    assert controller.queue.queued(key) == Priority.CHANGE
+    _clear(controller)
     controller.isvc_changed(key, {**body, "status": {"conditions": []}})
-    assert not controller._signals[key].is_set()  # status only: kvq's own write
+    assert controller.queue.queued(key) is None  # status only: kvq's own write
     controller.isvc_changed(key, {"metadata": {"generation": 2, "labels": {"team": "a"}}})
-    assert controller._priority[key] == Priority.CHANGE  # a spec change
-    controller._signals[key].clear()
-    controller._priority.clear()
+    assert controller.queue.queued(key) == Priority.CHANGE  # a spec change
+    _clear(controller)
     retry = {"generation": 2, "labels": {"team": "a"}, "annotations": {"kvq.dev/retry": "1"}}
     controller.isvc_changed(key, {"metadata": retry})
-    assert controller._signals[key].is_set() and controller._priority[key] == Priority.ROUTINE
+    assert controller.queue.queued(key) == Priority.ROUTINE
 
 
 def _engine_pod(state: dict[str, Any]) -> dict[str, Any]:
@@ -333,146 +340,99 @@ def test_a_crashed_engine_is_reconciled_ahead_of_every_other_pass(
 ) -> None:
     controller = Controller()
     key = ("a", "llama")
-    controller._signals[key] = asyncio.Event()
+    _served(controller, key)
     memo = SimpleNamespace(controller=controller)
     body = _engine_pod(state)
     labels = body["metadata"]["labels"]
     on_pod_event(namespace="a", labels=labels, uid="u", body=body, type="MODIFIED", memo=memo)
-    assert controller._signals[key].is_set()
-    assert controller._priority[key] == priority
+    assert controller.queue.queued(key) == priority
 
 
 def test_kvq_run_and_the_chart_default_to_the_controllers_workers() -> None:
     from kvq.cli.run import run
+    from kvq.k8s.writers import DEFAULT_BURST, DEFAULT_QPS
 
-    assert inspect.signature(run).parameters["workers"].default == DEFAULT_WORKERS
-    values = yaml.safe_load(Path("charts/kvq/values.yaml").read_text())
-    assert values["reconcile"]["workers"] == DEFAULT_WORKERS
+    parameters = inspect.signature(run).parameters
+    values = yaml.safe_load(Path("charts/kvq/values.yaml").read_text())["reconcile"]
+    for flag, default in (("workers", DEFAULT_WORKERS), ("qps", DEFAULT_QPS)):
+        assert parameters[flag].default == default
+        assert values[flag] == default
+    assert parameters["burst"].default == values["burst"] == DEFAULT_BURST
 
 
 def test_a_pass_retried_after_a_conflict_keeps_its_priority() -> None:
-    async def scenario() -> list[Priority]:
+    async def scenario() -> list[int]:
         controller = Controller(workers=1)
         controller.start()
-        slots = controller._slots
-        assert slots is not None
-        asked: list[Priority] = []
-        held = slots.held
-
-        def recording(priority: Priority = Priority.ROUTINE, key: Any = None) -> Any:
-            asked.append(priority)
-            return held(priority, key)
-
-        slots.held = recording  # type: ignore[method-assign]
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
+        urgencies: list[int] = []
         results = iter([PassResult(conflict=True), PassResult()])
 
         async def carry_out(_: None, urgency: int) -> PassResult:
-            result = next(results)
-            if not result.conflict:
-                loop.call_soon_threadsafe(done.set)
-            return result
+            urgencies.append(urgency)
+            return next(results)
 
         daemon = asyncio.create_task(
             controller.serve(("a", "llama"), lambda: None, lambda observed: observed, carry_out)
         )
-        await asyncio.wait_for(done.wait(), timeout=10)
+        await until(lambda: len(urgencies) == 2, "the pass and its retry")
         daemon.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await daemon
+        await asyncio.gather(daemon, return_exceptions=True)
         controller.stop()
-        return asked
+        return urgencies
 
     # The first pass of a new service, then its retry: both ahead of routine passes.
     assert asyncio.run(scenario()) == [Priority.CHANGE, Priority.CHANGE]
 
 
-async def _passes_after(controller: Controller, script: Any, count: int) -> list[int]:
-    """Serve one service, run `script(notify)` once its first pass is done, and return the
-    urgencies of its first `count` passes."""
+async def _behind_a_busy_worker(script: Any) -> list[str]:
+    """One worker, held by another service's pass while `script(controller)` queues work;
+    returns the passes after it, as "name:urgency"."""
+    controller = Controller(workers=1)
     controller.start()
-    key = ("a", "llama")
-    urgencies: list[int] = []
+    passes: list[str] = []
+    gate = asyncio.Event()
 
-    async def carry_out(_: None, urgency: int) -> PassResult:
-        urgencies.append(urgency)
+    async def carry_out(name: str, urgency: int) -> PassResult:
+        passes.append(f"{name}:{Priority(urgency).name}")
+        if name == "busy":
+            await gate.wait()
         return PassResult()
 
-    daemon = asyncio.create_task(
-        controller.serve(key, lambda: None, lambda observed: observed, carry_out)
-    )
-    await until(lambda: len(urgencies) == 1, "the first pass")
-    await script(lambda priority: controller.notify(key, priority), urgencies)
-    await until(lambda: len(urgencies) >= count, f"{count} passes")
-    daemon.cancel()
-    await asyncio.gather(daemon, return_exceptions=True)
+    def served(name: str) -> asyncio.Task[None]:
+        key = ("a", name)
+        return asyncio.create_task(controller.serve(key, lambda: name, lambda o: o, carry_out))
+
+    daemons = [served("llama"), served("crashed")]
+    await until(lambda: len(passes) == 2 and controller.queue.idle_workers == 1, "first passes")
+    daemons.append(served("busy"))
+    await until(lambda: passes[-1] == "busy:CHANGE", "the busy pass")
+    await script(controller, served, daemons)
+    gate.set()
+    await until(lambda: controller.queue.depth == 0 and controller.queue.idle_workers == 1,
+                "the queue to drain")  # fmt: skip
+    for daemon in daemons:
+        daemon.cancel()
+    await asyncio.gather(*daemons, return_exceptions=True)
     controller.stop()
-    return urgencies
+    return passes[3:]
 
 
 def test_a_burst_of_routine_events_becomes_one_pass() -> None:
-    async def burst(notify: Any, urgencies: list[int]) -> None:
-        notify(Priority.ROUTINE)
-        for _ in range(4):  # a rollout's other pod and Deployment events, while it waits
-            await until(lambda: bool(controller.settling), "the loop to wait for more")
-            notify(Priority.ROUTINE)
-        await until(lambda: len(urgencies) == 2, "the routine pass")
-        notify(Priority.FAILURE)
+    async def burst(controller: Controller, served: Any, daemons: Any) -> None:
+        for _ in range(5):  # a rollout's pod and Deployment events, while it waits
+            controller.notify(("a", "llama"))
 
-    controller = Controller(coalesce=2.0)
-    urgencies = asyncio.run(_passes_after(controller, burst, 3))
-    assert urgencies == [Priority.CHANGE, Priority.ROUTINE, Priority.FAILURE]
-
-
-def test_a_crash_does_not_wait_for_routine_events_to_settle() -> None:
-    async def crash(notify: Any, urgencies: list[int]) -> None:
-        notify(Priority.ROUTINE)
-        await until(lambda: bool(controller.settling), "the loop to wait for more (a minute)")
-        notify(Priority.FAILURE)
-
-    # Within the deadline of `until` (10 s), not after the minute.
-    controller = Controller(coalesce=60)
-    urgencies = asyncio.run(_passes_after(controller, crash, 2))
-    assert urgencies == [Priority.CHANGE, Priority.FAILURE]
+    assert asyncio.run(_behind_a_busy_worker(burst)) == ["llama:ROUTINE"]
 
 
 def test_a_crash_while_its_pass_waits_moves_that_pass_up_instead_of_queueing_another() -> None:
-    async def scenario() -> tuple[list[str], bool]:
-        controller = Controller(workers=1)
-        controller.start()
-        slots = controller._slots
-        assert slots is not None
-        admitted: list[str] = []
-        gate = asyncio.Event()
-        crashed = ("a", "crashed")
-        controller._signals[crashed] = asyncio.Event()  # its daemon runs (and waits)
+    async def crash(controller: Controller, served: Any, daemons: Any) -> None:
+        controller.notify(("a", "crashed"))  # a routine event first
+        daemons.append(served("new"))  # a new service, queued before the crash
+        controller.notify(("a", "crashed"), Priority.FAILURE)
 
-        async def holder() -> None:
-            async with slots.held():
-                await gate.wait()
-
-        async def queued(key: tuple[str, str], priority: Priority) -> None:
-            async with slots.held(priority, key):
-                admitted.append(key[1])
-
-        first = asyncio.create_task(holder())
-        await until(lambda: slots.free == 0, "the holder to take the only worker")
-        waiters = [
-            asyncio.create_task(queued(crashed, Priority.ROUTINE)),
-            asyncio.create_task(queued(("a", "new"), Priority.CHANGE)),
-        ]
-        await until(lambda: slots.waiting == 2, "both passes queued")
-        controller.notify(crashed, Priority.FAILURE)
-        signalled = controller._signals[crashed].is_set()
-        gate.set()
-        await asyncio.gather(first, *waiters)
-        controller.stop()
-        return admitted, signalled
-
-    admitted, signalled = asyncio.run(scenario())
-    assert admitted == ["crashed", "new"]  # ahead of the new service queued before it
-    assert not signalled  # the waiting pass reads the crash; no second pass queued
+    passes = asyncio.run(_behind_a_busy_worker(crash))
+    assert passes == ["crashed:FAILURE", "new:CHANGE"]  # one pass each, the crash first
 
 
 def test_kopf_builds_no_diff_base_because_kvq_has_no_change_handlers() -> None:
@@ -486,20 +446,12 @@ def test_kopf_builds_no_diff_base_because_kvq_has_no_change_handlers() -> None:
     assert EssenceFree(prefix=keys.GROUP).build(body=body) == {}  # type: ignore[arg-type]
 
 
-def test_a_new_service_is_decided_while_another_pass_waits_on_its_writes() -> None:
+def test_a_new_service_is_reconciled_while_another_pass_waits_on_its_writes() -> None:
     async def scenario() -> list[str]:
-        controller = Controller(workers=1)  # one decision at a time
+        controller = Controller(workers=2)
         controller.start()
-        loop = asyncio.get_running_loop()
         order: list[str] = []
         writes_done = threading.Event()
-        b_decided = asyncio.Event()
-
-        def decide(name: str) -> str:
-            order.append(f"{name} decided")
-            if name == "b":
-                loop.call_soon_threadsafe(b_decided.set)
-            return name
 
         async def carry_out(name: str, urgency: int) -> PassResult:
             if name == "a":
@@ -507,20 +459,19 @@ def test_a_new_service_is_decided_while_another_pass_waits_on_its_writes() -> No
             order.append(f"{name} carried out")
             return PassResult()
 
-        a = asyncio.create_task(controller.serve(("n", "a"), lambda: "a", decide, carry_out))
-        await until(lambda: order == ["a decided"], "a's decision")
-        b = asyncio.create_task(controller.serve(("n", "b"), lambda: "b", decide, carry_out))
-        await asyncio.wait_for(b_decided.wait(), timeout=10)  # while a still waits
+        a = asyncio.create_task(controller.serve(("n", "a"), lambda: "a", lambda o: o, carry_out))
+        await until(lambda: controller.queue.processing(("n", "a")), "a's pass")
+        b = asyncio.create_task(controller.serve(("n", "b"), lambda: "b", lambda o: o, carry_out))
+        await until(lambda: order == ["b carried out"], "b's pass, while a still waits")
         writes_done.set()
-        await until(lambda: len(order) == 4, "both passes carried out")
+        await until(lambda: len(order) == 2, "both passes carried out")
         for daemon in (a, b):
             daemon.cancel()
         await asyncio.gather(a, b, return_exceptions=True)
         controller.stop()
         return order
 
-    order = asyncio.run(scenario())
-    assert order.index("b decided") < order.index("a carried out")
+    assert asyncio.run(scenario()) == ["b carried out", "a carried out"]
 
 
 def test_a_deleted_service_is_not_written_for_and_a_new_one_of_its_name_takes_over() -> None:
@@ -611,3 +562,39 @@ def test_a_pass_after_kvqs_own_status_write_decides_from_what_the_write_returned
     caught_up = {"metadata": {"uid": "u1", "resourceVersion": "7"}, "status": {"x": 1}}
     assert forms.newest(caught_up) is caught_up
     assert forms.newest(read) is read
+
+
+def test_a_failing_service_backs_off_alone() -> None:
+    async def scenario() -> tuple[list[str], float]:
+        controller = Controller(workers=1)
+        controller.start()
+        passes: list[str] = []
+
+        def decide(name: str) -> str:
+            if name == "broken":
+                raise RuntimeError("a bug in one service's pass")
+            return name
+
+        async def carry_out(name: str, urgency: int) -> PassResult:
+            passes.append(name)
+            return PassResult()
+
+        def served(name: str) -> asyncio.Task[None]:
+            key = ("a", name)
+            return asyncio.create_task(controller.serve(key, lambda: name, decide, carry_out))
+
+        daemons = [served("broken"), served("healthy")]
+        broken = ("a", "broken")
+        await until(lambda: passes == ["healthy"] and controller.queue.has_timer(broken),
+                    "the healthy pass, and the broken one's back-off")  # fmt: skip
+        controller.notify(("a", "healthy"))  # the one worker is not held by the broken one
+        await until(lambda: passes == ["healthy", "healthy"], "the healthy service again")
+        backoff = controller.queue.add_rate_limited(broken)  # its second failure's back-off
+        for daemon in daemons:
+            daemon.cancel()
+        await asyncio.gather(*daemons, return_exceptions=True)
+        controller.stop()
+        return passes, backoff
+
+    passes, backoff = asyncio.run(scenario())
+    assert passes == ["healthy", "healthy"] and backoff == 2.0

@@ -39,8 +39,22 @@ def run(
         ),
     ] = 600.0,
     workers: Annotated[
-        int, typer.Option(min=1, max=64, help="Reconciles that may run at the same time")
-    ] = 16,  # kvq.handlers.controller.DEFAULT_WORKERS (not imported: kopf loads slowly)
+        int,
+        typer.Option(
+            min=1,
+            max=4096,
+            help="Reconciles that may run at the same time (a pass mostly waits for its writes)",
+        ),
+    ] = 1024,  # kvq.handlers.controller.DEFAULT_WORKERS (not imported: kopf loads slowly)
+    qps: Annotated[
+        float,
+        typer.Option(
+            min=1.0, help="Writes a second kvq sends to the API server at most, on average"
+        ),
+    ] = 1000.0,  # kvq.k8s.writers.DEFAULT_QPS
+    burst: Annotated[
+        int, typer.Option(min=1, help="Writes kvq may send at once above --qps")
+    ] = 2000,  # kvq.k8s.writers.DEFAULT_BURST
     grace: Annotated[
         float,
         typer.Option(
@@ -137,6 +151,8 @@ def run(
             standalone=standalone,
             resync=resync,
             workers=workers,
+            qps=qps,
+            burst=burst,
             peering_lifetime=peering_lifetime,
             metrics_port=metrics_port,
             liveness=liveness,

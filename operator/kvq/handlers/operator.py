@@ -1,8 +1,9 @@
 """The kopf registry `kvq run` starts: startup, indices, watch events, one daemon per service.
 
 Handlers are registered on a registry built at run time (not at import), so settings and
-watched namespaces come from the command line. Watch events only signal; each
-InferenceService's daemon reconciles (handlers.controller).
+watched namespaces come from the command line. Watch events only queue a service; the
+controller's workers reconcile (handlers.controller), and each InferenceService's daemon
+keeps it served while kopf serves it.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ from kvq.handlers.controller import (
     owner_of,
 )
 from kvq.handlers.reconcile import Decided, Observed, Runtime, carry_out, decide_pass
-from kvq.handlers.slots import Priority
+from kvq.handlers.workqueue import Priority
 from kvq.k8s.clients import Clients, load_api_client
-from kvq.k8s.executor import WRITES
+from kvq.k8s.writers import DEFAULT_BURST, DEFAULT_QPS, WRITERS, WRITES, RateLimit
 from kvq.metrics import serve_metrics
 from kvq.observe.prometheus import PrometheusReader, min_query_gap, without_credentials
 from kvq.placement.discovery import DEFAULT_POOL_LABELS
@@ -65,6 +66,11 @@ class RunOptions:
     resync: float = DEFAULT_RESYNC.total_seconds()
     """Seconds between safety-net reconciles of a service nothing has changed about."""
     workers: int = DEFAULT_WORKERS
+    """Passes at once (their writes share the writers: kvq.k8s.writers)."""
+    qps: float = DEFAULT_QPS
+    """Writes a second kvq sends at most, on average (client-go's QPS)."""
+    burst: int = DEFAULT_BURST
+    """Writes kvq may send at once above `qps` (client-go's burst)."""
     metrics_port: int = DEFAULT_METRICS_PORT
     liveness: str | None = None
     priority: int | None = None
@@ -106,8 +112,8 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     # kopf keeps a finalizer while a daemon runs on the object; the marker is kvq's own key.
     settings.persistence.finalizer = keys.FINALIZER
     # kopf holds each object's event 0.1 s for more before handling it; kvq's handlers only
-    # signal, and the controller coalesces routine passes itself, so a new service's first
-    # pass need not wait (a tenth of its time to a Deployment at 100 services: make bench).
+    # queue a key, and the queue folds a burst's events into one pass, so a new service's
+    # first pass need not wait (a tenth of its time to a Deployment at 100 services: make bench).
     settings.batching.batch_window = 0.01
     settings.background.instant_exit_timeout = 0.5
     settings.background.cancellation_polling = 1.0
@@ -118,6 +124,7 @@ def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> No
     if options.namespaces and not options.all_namespaces:
         settings.scanning.disabled = True
     clients = Clients(load_api_client())
+    WRITES.configure(WRITERS, RateLimit(options.qps, options.burst))
     clients.discover()
     pool_labels = options.pool_labels or DEFAULT_POOL_LABELS
     config = OperatorConfig(
@@ -175,7 +182,7 @@ def _metrics_reader(options: RunOptions, config: OperatorConfig) -> PrometheusRe
 async def serve_inference_service(
     body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    """The daemon of one InferenceService: reconcile whenever signalled, until stopped."""
+    """The daemon of one InferenceService: served by the workers until deleted or stopped."""
     runtime: Runtime = memo.runtime
     controller: Controller = memo.controller
     key = (namespace, name)

@@ -1,10 +1,10 @@
 """The one reconcile: read (watch caches, discovery, Prometheus) -> decide (pure) -> execute
 (k8s). Same every time.
 
-Two stages, each run in a worker thread: `decide_pass` (`read_pass` on what was copied out
-of kopf's indices on the event loop before it started, `Observed`, so nothing changes under
-it; then the decision) and `carry_out` (I/O: the plan's writes). The controller admits them
-separately, so new decisions are not held up by other passes waiting on the API server.
+A worker (handlers.controller) runs a pass in two stages: `decide_pass` in a thread
+(`read_pass` on what was copied out of kopf's indices on the event loop before it started,
+`Observed`, so nothing changes under it; then the decision) and `carry_out` (the plan's
+writes, on the writers: kvq.k8s.writers).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from kvq.handlers.read_pass import Observed, Read, read_pass, with_log_tails
 from kvq.handlers.serial_decisions import SerialDecisions
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
-from kvq.k8s.executor import WRITES, ExecutionResult, Memory, execute
+from kvq.k8s.executor import ExecutionResult, Memory, execute
 from kvq.k8s.status_writer import ObjectGoneError, StatusConflictError, write_status
+from kvq.k8s.writers import WRITES
 from kvq.metrics import DECISION_SECONDS, RECONCILE_ERRORS, RECONCILES
 from kvq.observe.prometheus import PrometheusReader
 from kvq.placement.fleet import Fleet
