@@ -31,12 +31,10 @@ from kvq.planner.overhead import (
     NON_TORCH_BYTES,
     ModelRunner,
     activation_peak_bytes,
-    cold_compile_bytes,
     cuda_total_bytes,
     cudagraph_bytes,
     cudagraph_estimate_bytes,
     engine_scheduler_defaults,
-    forward_peak_bytes,
     mla_chunked_prefill_workspace_rows,
     model_runner,
 )
@@ -270,13 +268,15 @@ def _plan_gpu(
     runner = model_runner(whole, memory_profile)
     block_size = mla_block_size(arch, kv_cache_dtype, gpu, block_size)
     mla_rows = mla_chunked_prefill_workspace_rows(model_len, seqs, block_size)
-    if stage is None or stage.last:
-        activation = activation_peak_bytes(
-            arch, tensor_parallel, batched, seqs, runner, mla_workspace_rows=mla_rows
-        )
-    else:  # the sampler's dummy run is the last stage's
-        activation = forward_peak_bytes(arch, tensor_parallel, batched, mla_workspace_rows=mla_rows)
-        activation += cold_compile_bytes(arch, tensor_parallel, batched, runner)
+    activation = activation_peak_bytes(
+        arch,
+        tensor_parallel,
+        batched,
+        seqs,
+        runner,
+        mla_workspace_rows=mla_rows,
+        samples=stage is None or stage.last,
+    )
     graphs = cudagraph_bytes(arch, seqs)
     graph_estimate = cudagraph_estimate_bytes(
         arch,

@@ -277,14 +277,19 @@ def activation_peak_bytes(
     runner: ModelRunner | None = None,
     *,
     mla_workspace_rows: int = _MLA_WORKSPACE_CAP_ROWS,
+    samples: bool = True,
 ) -> int:
-    """What vLLM logs as "peak activation": the larger of forward and sampler peaks."""
+    """What vLLM logs as "peak activation": the larger of the forward's peak (with a cold
+    start's compile scratch) and the sampler's. Only the last pipeline stage samples
+    (`samples=False` for the others)."""
     runner = runner or model_runner(arch)
     forward = forward_peak_bytes(
         arch, tensor_parallel, max_num_batched_tokens, mla_workspace_rows=mla_workspace_rows
-    )
+    ) + cold_compile_bytes(arch, tensor_parallel, max_num_batched_tokens, runner)
+    if not samples:
+        return forward
     return max(
-        forward + cold_compile_bytes(arch, tensor_parallel, max_num_batched_tokens, runner),
+        forward,
         sampler_peak_bytes(arch, tensor_parallel, max_num_batched_tokens, max_num_seqs, runner),
     )
 
