@@ -143,6 +143,8 @@ class Results:
     """Where the operator's time went during the waves (its own metrics)."""
     rss_mb: float | None = None
     cluster_start_s: float | None = None
+    server_time: dict[str, Any] = field(default_factory=dict)
+    """Where the control plane's time went during the waves (`_server_time`)."""
     verdicts: dict[str, bool] = field(default_factory=dict)
 
 
@@ -166,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         with _operator(kubeconfig, operator_log, args.workers) as operator:
             before_waves = _dispatched(kube)
             cpu_before, began = _cpu_seconds(operator.process.pid), time.monotonic()
+            server_before = _server_sample(kube, operator)
             _run_waves(kube, args, results, cluster.audit_log(state))
+            results.server_time = _server_time(server_before, _server_sample(kube, operator))
             results.requests_during_waves = _dispatched(kube) - before_waves
             used = _cpu_seconds(operator.process.pid) - cpu_before
             results.cpu_percent_during_waves = round(100 * used / (time.monotonic() - began), 1)
@@ -613,6 +617,75 @@ def _dispatched(kube: Kube) -> float:
                    flow_schema=FLOW_SCHEMA)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class ServerSample:
+    """The API server's /metrics and each process's CPU seconds, at one moment."""
+
+    metrics: str
+    cpu_s: dict[str, float]
+
+
+def _server_sample(kube: Kube, operator: Operator) -> ServerSample:
+    pids = {p.name: p.pid for p in kube.state.processes}
+    pids["kvq"] = operator.process.pid
+    pids["harness"] = os.getpid()
+    cpu = {}
+    for name, pid in pids.items():
+        try:
+            cpu[name] = _cpu_seconds(pid)
+        except OSError:  # an add-on that has exited counts nothing
+            continue
+    return ServerSample(cluster.admin_rest(kube.state).get_text("/metrics"), cpu)
+
+
+# Who the API server served, by its own flow-control metrics (the default FlowSchemas name
+# the clients: the controller manager's controllers run as kube-system ServiceAccounts).
+SERVER_SERIES = {
+    "flow": ("apiserver_flowcontrol_request_execution_seconds", ("flow_schema",)),
+    "request": ("apiserver_request_duration_seconds", ("verb", "resource")),
+    "watch_events": ("apiserver_watch_events_sizes", ("kind",)),
+}
+
+
+def _server_time(before: ServerSample, after: ServerSample) -> dict[str, Any]:
+    """The waves' share of the control plane: CPU seconds per process, and the API
+    server's time by flow schema and by request, and the watch events it sent by kind
+    (count and megabytes), each the difference of two samples, largest first."""
+
+    def sums(text: str, series: str, by: tuple[str, ...]) -> dict[str, tuple[float, float]]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        found: dict[str, list[float]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name not in (f"{series}_sum", f"{series}_count"):
+                    continue
+                key = " ".join(sample.labels.get(label, "") for label in by)
+                slot = found.setdefault(key, [0.0, 0.0])
+                slot[0 if sample.name.endswith("_sum") else 1] += sample.value
+        return {k: (v[0], v[1]) for k, v in found.items()}
+
+    report: dict[str, Any] = {
+        "cpu_s": {
+            name: round(after.cpu_s[name] - spent, 1)
+            for name, spent in sorted(before.cpu_s.items(), key=lambda kv: kv[0])
+            if name in after.cpu_s
+        }
+    }
+    for what, (series, by) in SERVER_SERIES.items():
+        old = sums(before.metrics, series, by)
+        new = sums(after.metrics, series, by)
+        rows = []
+        for key, (total, count) in new.items():
+            total0, count0 = old.get(key, (0.0, 0.0))
+            if count - count0 > 0:
+                rows.append((key, total - total0, count - count0))
+        rows.sort(key=lambda row: -row[1])
+        scale = 1e-6 if what == "watch_events" else 1.0  # bytes -> MB
+        report[what] = [[key, round(total * scale, 1), int(count)] for key, total, count in rows]
+    return report
+
+
 def _sample(text: str, name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -711,6 +784,13 @@ def _print(results: Results) -> None:
                 "",
             )
         )
+    server = results.server_time
+    if server:
+        cpu = ", ".join(f"{name} {spent} s" for name, spent in server["cpu_s"].items())
+        rows.append(("control plane CPU during the waves", cpu, "", ""))
+        for what, unit, top in (("flow", "s", 6), ("request", "s", 10), ("watch_events", "MB", 8)):
+            listed = "; ".join(f"{k or '-'} {v} {unit} ({n})" for k, v, n in server[what][:top])
+            rows.append((f"API server by {what}", listed, "", ""))
     print(f"\nkvq bench: {results.services} services, {results.nodes} nodes "
           f"(cluster up in {results.cluster_start_s} s; load average at start {load})")  # fmt: skip
     width = max(len(r[0]) for r in rows)

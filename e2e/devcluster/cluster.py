@@ -8,6 +8,7 @@ file in the run dir, so `down` and `status` work from another process.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import ssl
 import time
@@ -323,7 +324,7 @@ def _apiserver_args(bins: Binaries, ports: dict[str, int], pki: Pki) -> list[str
         "--allow-privileged=true",
         # No kubelets reach this API server's Service; loopback is not a valid endpoint anyway.
         "--endpoint-reconciler-type=none",
-        "--profiling=false",
+        "--profiling=" + ("true" if os.environ.get("KVQ_DEV_PROFILING") else "false"),
         "--v=1",
     ]
 
