@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from kvq.k8s.writers import FIRST, LAST, RateLimit, Writers
+from kvq.k8s.writers import FIRST, LAST, SERIAL, RateLimit, Writers
 
 DEADLINE_S = 10.0
 
 
-def held(writers: Writers, urgency: int = 1) -> threading.Event:
+def held(writers: Writers, urgency: int = 1, lane: int = 0) -> threading.Event:
     """A write being sent: it holds its writer until the returned gate opens."""
     gate, holding = threading.Event(), threading.Event()
 
@@ -20,7 +20,7 @@ def held(writers: Writers, urgency: int = 1) -> threading.Event:
         holding.set()
         gate.wait(DEADLINE_S)
 
-    writers.submit(urgency, hold)
+    writers.submit(urgency, hold, lane=lane)
     assert holding.wait(DEADLINE_S)
     return gate
 
@@ -148,3 +148,17 @@ def test_writers_are_sized_before_their_first_write_only() -> None:
     writers.submit(1, lambda: None).result(timeout=DEADLINE_S)
     with pytest.raises(RuntimeError):
         writers.configure(8, RateLimit(100, 10))
+
+
+def test_writes_the_server_serves_one_at_a_time_never_hold_the_shared_writers() -> None:
+    """Service creates wait on the API server's ClusterIP lock: a burst of them must not
+    keep a Deployment or a status write from being sent, nor the other way round."""
+    writers = Writers(threads=1, serial_threads=1)
+    service_gate = held(writers, lane=SERIAL)  # a Service create, waiting on the server
+    status = writers.submit(1, lambda: "status")
+    assert status.result(timeout=DEADLINE_S) == "status"
+    shared_gate = held(writers)  # now the shared writer is busy, the Service still held
+    service_gate.set()
+    service = writers.submit(1, lambda: "next Service", lane=SERIAL)
+    assert service.result(timeout=DEADLINE_S) == "next Service"
+    shared_gate.set()

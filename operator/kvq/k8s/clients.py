@@ -64,7 +64,7 @@ class Clients:
     ) -> Any:
         """One request, its urllib3 response unparsed (`.data`: bytes); errors raise the
         dynamic client's ApiException subclasses (`.status`)."""
-        return self.dynamic.request(
+        response = self.dynamic.request(
             method,
             path,
             body=body,
@@ -72,6 +72,10 @@ class Clients:
             header_params={"Accept": accept},
             serialize=False,
         )
+        # Read now, kept in `.data`: the connection goes back to the pool only at the
+        # body's end (an Event's answer that nobody read cost a new TLS connection).
+        _ = response.data
+        return response
 
     def discover(self) -> None:
         """Run API discovery now (at start-up) rather than in the first reconcile."""

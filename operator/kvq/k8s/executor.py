@@ -26,7 +26,7 @@ from kvq.k8s.apply import SameAsServer, apply_manifest, delete_object
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.status_writer import StoredForms, write_status
-from kvq.k8s.writers import FIRST, IN_ORDER, LAST, WRITES
+from kvq.k8s.writers import FIRST, IN_ORDER, LAST, SERIAL, SERIAL_KINDS, SHARED, WRITES
 
 log = logging.getLogger("kvq.executor")
 T = TypeVar("T")
@@ -43,13 +43,18 @@ async def _each(
     """`work` on every item (one write each, of `kind(item)`), side by side in the writers'
     order; results in order, the first error raised."""
     futures = [
-        WRITES.submit(urgency, partial(work, item), key, _rank(kind(item))) for item in items
+        WRITES.submit(urgency, partial(work, item), key, _rank(kind(item)), _lane(kind(item)))
+        for item in items
     ]
     return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
 
 def _rank(kind: str) -> int:
     return FIRST if kind in ENGINE_KINDS else IN_ORDER
+
+
+def _lane(kind: str) -> int:
+    return SERIAL if kind in SERIAL_KINDS else SHARED
 
 
 @dataclass

@@ -5,7 +5,8 @@ Beyond the standard loop, kept for bench figures (README, "The path of one pass"
 are sent in their pass's priority order, not as they come (arrival order left the fallback
 p95 at 37.4 s: a crashed engine's writes waited behind a fleet's routine ones), a crashing
 service's writes already waiting are moved up (`promote`; without it 14.5 s), and at most
-WRITERS are in flight, an engine's workload first within a priority.
+WRITERS are in flight, an engine's workload first within a priority. Writes the API server
+serves one at a time have writers of their own (`SERIAL_KINDS`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ DEFAULT_BURST = 2000
 # bench, 1,000 services: one writer per worker, 256, fallback p95 42.1 s and each write
 # seconds long; 32, see the README).
 WRITERS = 32
+
+# The API server allocates a Service's ClusterIP under one lock, held across the create of
+# its IPAddress object (MetaAllocator.AllocateNextService, Kubernetes 1.33 and later): Service
+# creates are served one at a time, however many are sent. Sent by the shared writers, a
+# burst's Service applies held them: in `make bench` 1,000 of them took 2.5 s each on average
+# (2,516 of the 32 writers' 3,840 seconds), while every other write of kvq waited. So they
+# have SERIAL_WRITERS of their own, enough to keep the lock busy.
+SERIAL_KINDS = frozenset({"Service"})
+SERIAL_WRITERS = 4
+SHARED, SERIAL = 0, 1
+"""The lanes: the shared writers, and the writers of SERIAL_KINDS."""
 
 # Within one priority: an engine's workload first (the cluster's controllers start on it
 # while the rest is sent), then other objects and status in the order they come, then
@@ -77,23 +89,30 @@ class _Write:
     key: Hashable | None
     urgency: int
     rank: int
+    lane: int
     queued: float = field(default_factory=time.monotonic)
 
 
 class Writers:
     """Threads that send API writes, the lowest urgency first, then the lowest rank, then in
-    the order they came. A waiting write can be moved up (`promote`)."""
+    the order they came, in two lanes (SHARED, and SERIAL with `serial_threads` of its own)
+    under one rate limit. A waiting write can be moved up (`promote`)."""
 
-    def __init__(self, threads: int = WRITERS, limit: RateLimit | None = None) -> None:
-        self._threads = threads
+    def __init__(
+        self,
+        threads: int = WRITERS,
+        limit: RateLimit | None = None,
+        serial_threads: int = SERIAL_WRITERS,
+    ) -> None:
+        self._threads = {SHARED: threads, SERIAL: serial_threads}
         self._limit = limit or RateLimit()
-        self._heap: list[tuple[int, int, int, _Write]] = []
+        self._heaps: dict[int, list[tuple[int, int, int, _Write]]] = {SHARED: [], SERIAL: []}
         self._order = itertools.count()
         self._pending: dict[Hashable, set[_Write]] = {}
         self._floor: dict[Hashable, int] = {}
         """The urgency a key's writes have been moved up to, for writes still to come."""
         self._lock = threading.Lock()
-        self._ready = threading.Condition(self._lock)
+        self._ready = {lane: threading.Condition(self._lock) for lane in self._heaps}
         self._started = False
 
     def configure(self, threads: int, limit: RateLimit) -> None:
@@ -101,7 +120,7 @@ class Writers:
         with self._lock:
             if self._started:
                 raise RuntimeError("writers: configure() after the first write")
-            self._threads, self._limit = threads, limit
+            self._threads[SHARED], self._limit = threads, limit
 
     def submit(
         self,
@@ -109,14 +128,15 @@ class Writers:
         work: Callable[[], R],
         key: Hashable | None = None,
         rank: int = IN_ORDER,
+        lane: int = SHARED,
     ) -> Future[R]:
-        """`work` (one write) queued; its result when sent."""
+        """`work` (one write) queued in `lane`; its result when sent."""
         if not self._started:
             self._start()
         with self._lock:
             if key is not None:
                 urgency = min(urgency, self._floor.get(key, urgency))
-            write = _Write(work, Future(), key, urgency, rank)
+            write = _Write(work, Future(), key, urgency, rank, lane)
             if key is not None:
                 self._pending.setdefault(key, set()).add(write)
             self._put(write)
@@ -139,30 +159,36 @@ class Writers:
             self._floor.pop(key, None)
 
     def _put(self, write: _Write) -> None:
-        heapq.heappush(self._heap, (write.urgency, write.rank, next(self._order), write))
-        self._ready.notify()
+        entry = (write.urgency, write.rank, next(self._order), write)
+        heapq.heappush(self._heaps[write.lane], entry)
+        self._ready[write.lane].notify()
 
     def _start(self) -> None:
         with self._lock:
             if self._started:
                 return
-            for index in range(self._threads):
-                threading.Thread(target=self._serve, name=f"kvq-write-{index}", daemon=True).start()
+            for lane, threads in self._threads.items():
+                for index in range(threads):
+                    threading.Thread(
+                        target=self._serve, args=(lane,), name=f"kvq-write-{lane}-{index}",
+                        daemon=True,
+                    ).start()  # fmt: skip
             self._started = True
 
-    def _take(self) -> _Write:
-        """The most urgent write not yet taken (lock held; waits for one)."""
+    def _take(self, lane: int) -> _Write:
+        """The lane's most urgent write not yet taken (lock held; waits for one)."""
+        heap = self._heaps[lane]
         while True:
-            while not self._heap:
-                self._ready.wait()
-            write = heapq.heappop(self._heap)[3]
+            while not heap:
+                self._ready[lane].wait()
+            write = heapq.heappop(heap)[3]
             if not (write.done.running() or write.done.done()):
                 return write  # else taken already by its other entry
 
-    def _serve(self) -> None:
+    def _serve(self, lane: int) -> None:
         while True:
             with self._lock:
-                write = self._take()
+                write = self._take(lane)
                 sending = write.done.set_running_or_notify_cancel()  # False: cancelled
                 if write.key is not None:
                     waiting = self._pending.get(write.key)
