@@ -26,7 +26,16 @@ from kvq.k8s.apply import SameAsServer, apply_manifest, delete_object
 from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.status_writer import StoredForms, write_status
-from kvq.k8s.writers import FIRST, IN_ORDER, LAST, SERIAL, SERIAL_KINDS, SHARED, WRITES
+from kvq.k8s.writers import (
+    EVENT_URGENCY,
+    FIRST,
+    IN_ORDER,
+    LAST,
+    SERIAL,
+    SERIAL_KINDS,
+    SHARED,
+    WRITES,
+)
 
 log = logging.getLogger("kvq.executor")
 T = TypeVar("T")
@@ -49,8 +58,23 @@ async def _each(
     return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
 
+STATUS_TURNING_READY = "status turning Ready"
+
+
 def _rank(kind: str) -> int:
-    return FIRST if kind in ENGINE_KINDS else IN_ORDER
+    return FIRST if kind in ENGINE_KINDS or kind == STATUS_TURNING_READY else IN_ORDER
+
+
+def _turns_ready(isvc: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Does writing `desired` change the Ready condition's status (or first set it)?"""
+
+    def ready(status: Mapping[str, Any] | None) -> str | None:
+        for condition in (status or {}).get("conditions") or ():
+            if condition.get("type") == "Ready":
+                return str(condition.get("status"))
+        return None
+
+    return ready(isvc.get("status")) != ready(desired)
 
 
 def _lane(kind: str) -> int:
@@ -105,11 +129,15 @@ async def execute(
     deleted: list[str] = []
 
     async def status() -> bool:
+        # A status that changes Ready goes first among its priority's writes: it is what
+        # users, `kubectl wait` and a GitOps sync's health wait on.
+        kind = STATUS_TURNING_READY if _turns_ready(isvc, plan.status) else ""
         (written,) = await _each(
             lambda _: write_status(clients, isvc, plan.status, memory.forms),
             [None],
             urgency,
             key,
+            lambda _: kind,
         )
         return written
 
@@ -149,7 +177,7 @@ async def execute(
     if status_written:
         log.info("%s: status written", where)
     posting = tuple(
-        WRITES.submit(urgency, partial(post_event, clients, isvc, event, now), key, LAST)
+        WRITES.submit(EVENT_URGENCY, partial(post_event, clients, isvc, event, now), key, LAST)
         for event in plan.events
     )
     for event, future in zip(plan.events, posting, strict=True):
