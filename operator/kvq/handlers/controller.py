@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -103,6 +103,8 @@ class Controller:
     promote_writes: Callable[[EngineKey, int], None] | None = None
     """Moves a service's writes already waiting for a writer up to an urgency."""
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _loop: asyncio.AbstractEventLoop | None = None
+    """The loop the workers run on (set with the first service served)."""
     _threads: ThreadPoolExecutor | None = None
 
     def start(self) -> None:
@@ -127,6 +129,22 @@ class Controller:
         if priority < Priority.ROUTINE and self.promote_writes is not None:
             # A pass of it carrying a plan out now: its writes go first, then the next pass.
             self.promote_writes(key, int(priority))
+
+    def write_settled(self, key: Hashable, failed: bool) -> None:
+        """A write that went on after its pass ended (k8s.executor.Detached): failed, so
+        the service is reconciled again after its back-off, or asked for again meanwhile,
+        so at once. Called from a writer thread."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._after_settled, key, failed)
+
+    def _after_settled(self, key: Hashable, failed: bool) -> None:
+        if key not in self._services:
+            return  # deleted meanwhile
+        if failed:
+            self.queue.add_rate_limited(key)
+        else:
+            self.notify(key)
 
     def notify_many(self, keys_: Iterable[EngineKey]) -> None:
         for key in keys_:
@@ -226,7 +244,7 @@ class Controller:
     ) -> Service:
         """Serve `key` from now on, its first pass ahead of routine ones."""
         if not self._tasks:
-            loop = asyncio.get_running_loop()
+            loop = self._loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._work()) for _ in range(self.workers)]
         older = self._services.get(key)
         if older is not None:

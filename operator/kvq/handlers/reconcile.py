@@ -104,6 +104,8 @@ def reconcile(runtime: Runtime, observed: Observed, now: datetime | None = None)
     outcome = asyncio.run(carry_out(runtime, decide_pass(runtime, observed, now)))
     for posted in outcome.result.events if outcome.result else ():
         posted.result()  # the caller sees the Events it caused
+    for applying in outcome.result.detached if outcome.result else ():
+        applying.result()  # and the applies that went on after the pass
     return outcome
 
 

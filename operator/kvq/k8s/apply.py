@@ -74,7 +74,7 @@ def apply_manifest(
     """
     kind = manifest["kind"]
     name = manifest["metadata"]["name"]
-    if (live is not None and holds(manifest, live)) or same.holds(manifest, live):
+    if in_place(manifest, live, same):
         return ApplyResult(kind, name, written=False)
     resource = clients.resource(manifest["apiVersion"], kind)
     namespace = manifest["metadata"].get("namespace")
@@ -88,6 +88,11 @@ def apply_manifest(
     count_write(kind, "apply")
     same.remember(manifest, live)  # until the watch delivers what was just written
     return ApplyResult(kind, name, written=True)
+
+
+def in_place(manifest: Manifest, live: Mapping[str, Any] | None, same: SameAsServer) -> bool:
+    """The server holds `manifest` already, as far as kvq knows without asking it."""
+    return (live is not None and holds(manifest, live)) or same.holds(manifest, live)
 
 
 def holds(desired: Any, live: Any) -> bool:
@@ -220,6 +225,11 @@ def _ident(manifest: Mapping[str, Any]) -> tuple[str, str, str, str]:
 def _digest(manifest: Mapping[str, Any]) -> str:
     canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """Equal for equal manifests (whatever their keys' order)."""
+    return _digest(manifest)
 
 
 def _version(live: Mapping[str, Any] | None) -> str:
