@@ -162,33 +162,3 @@ def test_writes_the_server_serves_one_at_a_time_never_hold_the_shared_writers() 
     service = writers.submit(1, lambda: "next Service", lane=SERIAL)
     assert service.result(timeout=DEADLINE_S) == "next Service"
     shared_gate.set()
-
-
-def test_a_status_that_changes_ready_is_told_apart_from_bookkeeping() -> None:
-    """The status write users wait on (Ready flips, or is first set) goes first among its
-    priority's writes; one that only moves counts goes in order."""
-    from kvq.k8s.executor import STATUS_TURNING_READY, _rank, _turns_ready
-
-    def status(ready: str | None, replicas: int = 0) -> dict[str, object]:
-        conditions = [{"type": "Ready", "status": ready}] if ready else []
-        return {"conditions": conditions, "replicas": replicas}
-
-    service = {"status": status("False")}
-    assert _turns_ready(service, status("True", 1))
-    assert not _turns_ready(service, status("False", 1))  # a replica counted, still not Ready
-    assert _turns_ready({}, status("False"))  # the first status a new service gets
-    assert _rank(STATUS_TURNING_READY) == FIRST
-
-
-def test_events_wait_for_every_other_write_of_any_priority() -> None:
-    from kvq.k8s.writers import EVENT_URGENCY
-
-    writers = Writers(threads=1)
-    order: list[str] = []
-    gate = held(writers)
-    writers.submit(EVENT_URGENCY, lambda: order.append("Event of a crash's fallback"), rank=LAST)
-    last = writers.submit(2, lambda: order.append("routine status turning Ready"))
-    gate.set()
-    last.result(timeout=DEADLINE_S)
-    writers.submit(EVENT_URGENCY, lambda: None).result(timeout=DEADLINE_S)
-    assert order == ["routine status turning Ready", "Event of a crash's fallback"]

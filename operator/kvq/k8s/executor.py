@@ -7,6 +7,9 @@ it, so an operator killed in between resumes the move rather than undoing it. Th
 of one plan are independent (the API server takes them in any order: a pod waits for its
 ConfigMap or claim), so they are applied side by side, as are the events, each a write on
 the writers (kvq.k8s.writers: the most urgent pass's first, within the write rate limit).
+Only objects that differ from the cache are sent. A Service is the exception to the order:
+its apply goes on after the pass (`Detached`), since the API server creates Services one at
+a time and nothing in the status depends on it.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from kvq.k8s.clients import Clients
 from kvq.k8s.events import post_event
 from kvq.k8s.status_writer import StoredForms, write_status
 from kvq.k8s.writers import (
-    EVENT_URGENCY,
     FIRST,
     IN_ORDER,
     LAST,
@@ -66,23 +68,8 @@ async def _each(
     return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
 
-STATUS_TURNING_READY = "status turning Ready"
-
-
 def _rank(kind: str) -> int:
-    return FIRST if kind in ENGINE_KINDS or kind == STATUS_TURNING_READY else IN_ORDER
-
-
-def _turns_ready(isvc: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    """Does writing `desired` change the Ready condition's status (or first set it)?"""
-
-    def ready(status: Mapping[str, Any] | None) -> str | None:
-        for condition in (status or {}).get("conditions") or ():
-            if condition.get("type") == "Ready":
-                return str(condition.get("status"))
-        return None
-
-    return ready(isvc.get("status")) != ready(desired)
+    return FIRST if kind in ENGINE_KINDS else IN_ORDER
 
 
 def _lane(kind: str) -> int:
@@ -187,15 +174,11 @@ async def execute(
     deleted: list[str] = []
 
     async def status() -> bool:
-        # A status that changes Ready goes first among its priority's writes: it is what
-        # users, `kubectl wait` and a GitOps sync's health wait on.
-        kind = STATUS_TURNING_READY if _turns_ready(isvc, plan.status) else ""
         (written,) = await _each(
             lambda _: write_status(clients, isvc, plan.status, memory.forms),
             [None],
             urgency,
             key,
-            lambda _: kind,
         )
         return written
 
@@ -250,7 +233,7 @@ async def execute(
     if status_written:
         log.info("%s: status written", where)
     posting = tuple(
-        WRITES.submit(EVENT_URGENCY, partial(post_event, clients, isvc, event, now), key, LAST)
+        WRITES.submit(urgency, partial(post_event, clients, isvc, event, now), key, LAST)
         for event in plan.events
     )
     for event, future in zip(plan.events, posting, strict=True):

@@ -45,11 +45,6 @@ SERIAL_WRITERS = 16
 SHARED, SERIAL = 0, 1
 """The lanes: the shared writers, and the writers of SERIAL_KINDS."""
 
-# Events go after every other waiting write, whatever their pass's priority: no pass waits
-# for them, and in a fleet's rollout they were a quarter of kvq's writes, sent ahead of the
-# status writes that turn services Ready (the status already says what an Event says).
-EVENT_URGENCY = 99
-
 # Within one priority: an engine's workload first (the cluster's controllers start on it
 # while the rest is sent), then other objects and status in the order they come, then
 # Events (no pass waits for them).
